@@ -1,0 +1,41 @@
+"""goblin-claim: do this work exactly once, over the Redis you already run.
+
+An atomic claim (``SET claim_key token NX EX lease``, or the native
+``GOBLIN.CLAIM`` where the server has it) decides who runs the work; everyone
+else gets the first run's stored result in the same round trip.
+"""
+
+from ._async import AsyncClaim
+from ._errors import (
+    ClaimLostError,
+    ConnectionFailedError,
+    GoblinClaimError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    NativeUnavailableError,
+    PayloadMismatchError,
+    ServerError,
+    StillInFlightError,
+    WrongTypeError,
+)
+from ._outcomes import Claimed, Completed, InFlight, Outcome
+from ._sync import Claim
+
+__all__ = [
+    "AsyncClaim",
+    "Claim",
+    "ClaimLostError",
+    "Claimed",
+    "Completed",
+    "ConnectionFailedError",
+    "GoblinClaimError",
+    "InFlight",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
+    "NativeUnavailableError",
+    "Outcome",
+    "PayloadMismatchError",
+    "ServerError",
+    "StillInFlightError",
+    "WrongTypeError",
+]

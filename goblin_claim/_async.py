@@ -1,0 +1,230 @@
+# Generated from _sync.py by tools/gen_async.py: edit _sync.py, then run that script.
+"""``AsyncClaim``: the claim protocol over an asyncio redis-py client.
+
+The mirror of ``_sync.py``, name for name; all decisions live in ``_core``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Union
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+
+from ._core import CLAIM, COMPLETE, EXTEND, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script
+from ._outcomes import Claimed, Completed, InFlight
+from ._server import (
+    PROBE_ARGS,
+    PROBE_COMMAND,
+    ClientState,
+    is_unknown_command,
+    native_from_command_table,
+    native_from_probe,
+    state_of,
+    translate,
+    use_native,
+)
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    AsyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
+
+__all__ = ["AsyncClaim"]
+
+
+class AsyncClaim(ClaimBase):
+    """One idempotency key, claimed by one token, over an asyncio redis-py client.
+
+    A handle is cheap: make one per request. Its methods are owner-checked: they
+    act only while this handle's token holds the claim.
+
+    Args:
+        client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``, with or without
+            ``decode_responses``.
+        key: The idempotency key (any non-empty str).
+        lease: Seconds the claim is held before a crashed owner's work reopens.
+        ttl: Seconds a completed result (and its claim) is kept.
+        namespace: Prefix of every Redis key (``<namespace>:{<key>}:claim``); no braces.
+        token: The owner's identity stored in the claim key; ``None`` makes a unique one.
+        native: ``"auto"`` uses GOBLIN.CLAIM / GOBLIN.CAD where the server has them,
+            ``"never"`` always uses the Lua scripts, ``"always"`` requires the commands.
+
+    Example::
+
+        claim = AsyncClaim(redis.asyncio.Redis(), "evt88", lease=30)
+        match await claim.acquire():
+            case Claimed():
+                await claim.complete(await charge_card())
+            case Completed(value=value):
+                reply(value)
+            case InFlight():
+                reply((await claim.wait(timeout=10)).value)
+
+    Not guaranteed: a claim written to a primary that fails over before it
+    replicated can be lost, and a second caller may then run the work too.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        key: str,
+        *,
+        lease: int = 30,
+        ttl: int = 86400,
+        namespace: str = "goblin",
+        token: str | None = None,
+        native: NativeMode = "auto",
+    ) -> None:
+        super().__init__(client, key, lease=lease, ttl=ttl, namespace=namespace, token=token, native=native)
+
+    @classmethod
+    def from_keys(
+        cls,
+        client: AsyncClient,
+        claim_key: str,
+        result_key: str,
+        *,
+        lease: int = 30,
+        ttl: int = 86400,
+        token: str | None = None,
+        native: NativeMode = "auto",
+    ) -> AsyncClaim:
+        """A handle on two exact keys, to share them with users of the raw protocol.
+
+        On a cluster the two keys must hash to one slot (give them one hash tag).
+        The outcomes' ``key`` is ``claim_key``.
+        """
+        handle = cls._with_keys(client, claim_key, result_key, lease, ttl, token, native)
+        assert isinstance(handle, cls)
+        return handle
+
+    async def acquire(self) -> Claimed | Completed | InFlight:
+        """Try to claim the work, in one round trip.
+
+        Returns:
+            ``Claimed`` when this handle now owns the work; ``Completed`` with the
+            stored value when it was already done; ``InFlight`` while another owner
+            works on it.
+
+        Raises:
+            WrongTypeError: ``result_key`` holds a non-string value.
+            ConnectionFailedError: Redis could not be reached.
+        """
+        return self._claim_outcome(await self._call(CLAIM, self._claim_args(self.lease), self.result_key))
+
+    async def complete(self, value: bytes | str) -> None:
+        """Store the work's result for ``ttl`` seconds and mark the work done.
+
+        Owner-checked and atomic: the result is written only while this token
+        holds the claim, and the claim is kept for ``ttl`` too, so the work stays
+        completed as long as its result lives.
+
+        Raises:
+            ValueError: ``value`` is the reserved reply ``CLAIMED``.
+            TypeError: ``value`` is neither bytes nor str.
+            ClaimLostError: The claim lapsed or was already completed; nothing written.
+        """
+        args = self._complete_args(value)
+        if not await self._call(COMPLETE, args, f"{self.claim_key} / {self.result_key}"):
+            raise self._lost("complete")
+
+    async def extend(self, lease: int | None = None) -> None:
+        """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
+
+        Raises:
+            ClaimLostError: The claim lapsed or was already completed.
+        """
+        seconds = self._extend_lease(lease)
+        if not await self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key):
+            raise self._lost("extend")
+
+    async def release(self) -> bool:
+        """Give the claim up so the work can run again at once (GOBLIN.CAD where native).
+
+        Returns:
+            ``True`` when this token held the claim and it was deleted; ``False``
+            when it did not (lapsed, taken over, or completed: nothing reopens).
+        """
+        return bool(await self._call(RELEASE, (self.claim_key, self.token), self.claim_key))
+
+    async def wait(self, timeout: float = 10.0) -> Claimed | Completed:
+        """Poll until the work is completed, or taken over by this handle.
+
+        Sleeps with exponential backoff and full jitter between attempts, up to a
+        deadline ``timeout`` seconds away on a monotonic clock; ``timeout=0`` makes
+        one attempt.
+
+        Returns:
+            ``Completed`` once a result is stored; ``Claimed`` when the owner's lease
+            lapsed and this handle took the work over (do it, then ``complete``).
+
+        Raises:
+            StillInFlightError: Still in flight at the deadline.
+            ValueError: ``timeout`` is negative.
+        """
+        schedule = self._wait_schedule(timeout)
+        schedule.start(time.monotonic())
+        while True:
+            outcome = await self.acquire()
+            if not isinstance(outcome, InFlight):
+                return outcome
+            delay = schedule.next_delay(time.monotonic())
+            if delay is None:
+                raise schedule.expired()
+            await asyncio.sleep(delay)
+
+    # -- the one round trip
+
+    async def _call(self, script: Script, args: tuple[str | bytes | int, ...], keys: str) -> object:
+        client: AsyncClient = self._client  # type: ignore[assignment]  # set by ClaimBase
+        state = state_of(client)
+        try:
+            if not state.ready:
+                await _prepare(client, state)
+            if use_native(state, self._native, script, self.key):
+                try:
+                    return await client.execute_command(script.native, *args)
+                except (ResponseError, RedisClusterException) as exc:
+                    if self._native == "always" or not is_unknown_command(exc):
+                        raise
+                    # This node lacks the module after all: scripts from now on.
+                    state.native = frozenset()
+            try:
+                return await client.evalsha(script.sha, script.numkeys, *args)
+            except NoScriptError:
+                # A flushed or restarted server: EVAL runs the script and caches it
+                # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
+                return await client.eval(script.source, script.numkeys, *args)
+        except (RedisError, RedisClusterException) as exc:
+            raise translate(exc, self.key, keys) from exc
+
+
+async def _prepare(client: AsyncClient, state: ClientState) -> None:
+    """Probe for the native commands and SCRIPT LOAD the scripts, once per client."""
+    async with state.async_lock:
+        if state.ready:
+            return
+        if isinstance(client, RedisCluster):
+            # The cluster client refuses commands missing from the table it loaded
+            # at start, so that table is what decides; SCRIPT LOAD reaches every primary.
+            await client.initialize()  # loads the command table on first use
+            state.native = native_from_command_table(client.commands_parser.commands)
+            for script in SCRIPTS:
+                try:
+                    await client.script_load(script.source)
+                except ResponseError:
+                    pass  # an ACL without +script: EVAL recovers on first use
+        else:
+            pipe = client.pipeline(transaction=False)
+            pipe.execute_command(PROBE_COMMAND, *PROBE_ARGS)
+            for script in SCRIPTS:
+                pipe.script_load(script.source)
+            # One round trip; an error entry (NOPERM for the probe) is data here.
+            replies = await pipe.execute(raise_on_error=False)
+            state.native = native_from_probe(replies[0])
+        state.ready = True

@@ -1,0 +1,96 @@
+"""The exceptions goblin-claim raises.
+
+Every error the SDK raises derives from ``GoblinClaimError`` and carries the
+claim's ``key`` (``None`` only when the key itself was the bad argument)::
+
+    GoblinClaimError
+    ├── InvalidArgumentError      (also a ValueError)  bad lease, ttl, key, token, value
+    ├── InvalidArgumentTypeError  (also a TypeError)   an argument of the wrong type
+    ├── ClaimLostError            this token no longer holds the claim
+    ├── StillInFlightError        wait() reached its deadline, the work is still running
+    ├── PayloadMismatchError      same key, different arguments (the decorator)
+    ├── NativeUnavailableError    native="always" on a server without GOBLIN.CLAIM
+    └── ServerError               Redis refused or failed a command
+        ├── WrongTypeError        a claim or result key holds a non-string value
+        └── ConnectionFailedError the server could not be reached (or timed out)
+
+Server errors keep the redis-py exception as ``__cause__``. "Someone else holds
+the claim" is not an error: ``acquire()`` returns ``InFlight`` for it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClaimLostError",
+    "ConnectionFailedError",
+    "GoblinClaimError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
+    "NativeUnavailableError",
+    "PayloadMismatchError",
+    "ServerError",
+    "StillInFlightError",
+    "WrongTypeError",
+]
+
+
+class GoblinClaimError(Exception):
+    """Root of every error goblin-claim raises.
+
+    Args:
+        message: What went wrong, for humans.
+        key: The claim's key (the idempotency key, or the claim key of a
+            ``from_keys`` handle); ``None`` when no valid key exists yet.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class InvalidArgumentError(GoblinClaimError, ValueError):
+    """An argument has an invalid value (a lease of 0, an empty key, ...)."""
+
+
+class InvalidArgumentTypeError(GoblinClaimError, TypeError):
+    """An argument has the wrong type (a lease of ``"30"`` or ``True``, ...)."""
+
+
+class ClaimLostError(GoblinClaimError):
+    """This handle's token no longer holds the claim.
+
+    Its lease lapsed and another caller may have taken the work over, or the work
+    was already completed. Nothing was written.
+
+    Attributes:
+        result: For the ``@idempotent`` decorator, the value the function computed
+            after its claim was lost; ``None`` otherwise.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, result: object = None) -> None:
+        super().__init__(message, key=key)
+        self.result = result
+
+
+class StillInFlightError(GoblinClaimError):
+    """The work is still in flight after waiting until the deadline."""
+
+
+class PayloadMismatchError(GoblinClaimError):
+    """The same key was used with different arguments."""
+
+
+class NativeUnavailableError(GoblinClaimError):
+    """``native="always"`` was asked for, but the server lacks GOBLIN.CLAIM / GOBLIN.CAD."""
+
+
+class ServerError(GoblinClaimError):
+    """Redis answered with an error, or the command could not be delivered."""
+
+
+class WrongTypeError(ServerError):
+    """A claim key or result key holds a value that is not a string."""
+
+
+class ConnectionFailedError(ServerError):
+    """The server could not be reached, or did not answer in time."""

@@ -1,0 +1,75 @@
+"""What ``acquire()`` and ``wait()`` return: frozen values, one per situation.
+
+``Outcome`` is a discriminated union (on ``kind``), so ``match`` statements and
+type checkers narrow it::
+
+    match claim.acquire():
+        case Claimed():
+            ...  # do the work, then claim.complete(result)
+        case Completed(value=value):
+            ...  # already done: reply with value
+        case InFlight():
+            ...  # someone else is working on it: retry later, or claim.wait()
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Claimed", "Completed", "InFlight", "Outcome"]
+
+_FROZEN = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+
+class Claimed(BaseModel):
+    """This caller now owns the work: do it, then ``complete()`` the claim.
+
+    Attributes:
+        key: The handle's key.
+        token: The token stored in the claim key.
+        lease: Seconds the claim stays held unless completed, extended or released.
+    """
+
+    model_config = _FROZEN
+    __match_args__: ClassVar[tuple[str, ...]] = ("key", "token", "lease")
+
+    kind: Literal["claimed"] = "claimed"
+    key: str
+    token: str
+    lease: int
+
+
+class Completed(BaseModel):
+    """The work was already done; ``value`` is what its owner stored.
+
+    Attributes:
+        key: The handle's key.
+        value: ``str`` when the client decodes responses, else ``bytes``.
+    """
+
+    model_config = _FROZEN
+    __match_args__: ClassVar[tuple[str, ...]] = ("key", "value")
+
+    kind: Literal["completed"] = "completed"
+    key: str
+    value: Union[bytes, str]  # noqa: UP007 -- pydantic evaluates this at run time on 3.10 too
+
+
+class InFlight(BaseModel):
+    """Another caller holds the claim and has not stored a result yet.
+
+    Attributes:
+        key: The handle's key.
+    """
+
+    model_config = _FROZEN
+    __match_args__: ClassVar[tuple[str, ...]] = ("key",)
+
+    kind: Literal["in_flight"] = "in_flight"
+    key: str
+
+
+Outcome = Annotated[Union[Claimed, Completed, InFlight], Field(discriminator="kind")]  # noqa: UP007
+"""Any of the three outcomes, discriminated on ``kind``."""

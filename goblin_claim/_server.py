@@ -1,0 +1,126 @@
+"""What the sync and async drivers share about talking to a server.
+
+Per-client state (which native commands the server has, whether the scripts
+are loaded), reading the native probe's reply, and the single place where
+redis-py errors become goblin-claim errors. State lives per client instance in
+a weak map, never on a class, so two clients (two servers) never share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+)
+from redis.exceptions import (
+    MaxConnectionsError,
+    RedisClusterException,
+    RedisError,
+)
+from redis.exceptions import (
+    TimeoutError as RedisTimeoutError,
+)
+
+from ._core import NATIVE_COMMANDS, NativeMode, Script, native_choice
+from ._errors import ConnectionFailedError, ServerError, WrongTypeError
+
+__all__ = [
+    "PROBE_COMMAND",
+    "ClientState",
+    "native_from_command_table",
+    "native_from_probe",
+    "state_of",
+    "translate",
+    "use_native",
+]
+
+# Sent as one word so redis-py skips its COMMAND reply parser, which cannot read
+# the nil entries that COMMAND INFO returns for commands the server lacks.
+PROBE_COMMAND = "COMMAND INFO"
+PROBE_ARGS = tuple(name.lower() for name in NATIVE_COMMANDS)
+
+
+@dataclass
+class ClientState:
+    """What one client has learned about its server.
+
+    Attributes:
+        native: The native commands the server answers; ``None`` until probed.
+        ready: The probe ran and the scripts were offered to SCRIPT LOAD.
+    """
+
+    native: frozenset[str] | None = None
+    ready: bool = False
+    # One lock per world: threads of a sync client, tasks of an asyncio client.
+    sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    async_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+
+_STATES: weakref.WeakKeyDictionary[object, ClientState] = weakref.WeakKeyDictionary()
+_STATES_LOCK = threading.Lock()
+
+
+def state_of(client: object) -> ClientState:
+    """The state of ``client``, created on first use and dropped with the client."""
+    state = _STATES.get(client)
+    if state is None:
+        with _STATES_LOCK:
+            state = _STATES.setdefault(client, ClientState())
+    return state
+
+
+def native_from_probe(reply: object) -> frozenset[str]:
+    """The native commands a ``COMMAND INFO`` reply lists.
+
+    An error reply (NOPERM when the ACL lacks ``+command``, for one) means
+    "no native commands", not a failure: the scripts always work.
+    """
+    if not isinstance(reply, list):
+        return frozenset()
+    return frozenset(name for name, entry in zip(NATIVE_COMMANDS, reply) if entry)
+
+
+def native_from_command_table(table: Mapping[str, object] | Iterable[str]) -> frozenset[str]:
+    """The native commands in a cluster client's command table (lower-case names)."""
+    return frozenset(name for name in NATIVE_COMMANDS if name.lower() in table)
+
+
+def use_native(state: ClientState, mode: NativeMode, script: Script, key: str) -> bool:
+    """Whether this call goes to the native command (raises for ``"always"`` without one)."""
+    if mode == "never" or script.native is None:
+        return False
+    if mode == "always":
+        return script.native in native_choice(mode, state.native, key)
+    return state.native is not None and script.native in state.native
+
+
+def is_unknown_command(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server (or a cluster client's table) lacks the command."""
+    text = str(exc).lower()
+    return "unknown command" in text or "doesn't exist in redis commands" in text
+
+
+def translate(exc: RedisError | RedisClusterException, key: str, keys: str) -> ServerError:
+    """The goblin-claim error for a redis-py error; the caller raises it ``from exc``.
+
+    Args:
+        exc: What redis-py raised.
+        key: The handle's key, carried by the error.
+        keys: The Redis key(s) the command touched, for the message.
+    """
+    text = str(exc)
+    if isinstance(exc, MaxConnectionsError):
+        return ConnectionFailedError(
+            f"no free connection for {keys}: {text} (many concurrent tasks need a BlockingConnectionPool)",
+            key=key,
+        )
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        return ConnectionFailedError(f"Redis unreachable while working on {keys}: {text}", key=key)
+    if "WRONGTYPE" in text:
+        return WrongTypeError(f"{keys} holds a value that is not a string: {text}", key=key)
+    return ServerError(f"Redis refused a command on {keys}: {text}", key=key)

@@ -1,0 +1,144 @@
+"""In-process Redis for testing code that uses goblin-claim, on both paths.
+
+``fake_redis(native=False)`` is a fakeredis client that runs the Lua scripts;
+``fake_redis(native=True)`` also answers GOBLIN.CLAIM and GOBLIN.CAD with the
+protocol's semantics, so code under test takes the native path. Needs the
+``testing`` extra (``pip install goblin-claim[testing]``: fakeredis with Lua).
+
+Example::
+
+    from goblin_claim import Claim, Claimed
+    from goblin_claim.testing import fake_redis
+
+    def test_first_call_claims():
+        assert isinstance(Claim(fake_redis(native=True), "evt88").acquire(), Claimed)
+
+Not guaranteed: the native commands are added through fakeredis internals, so
+this module supports the fakeredis versions this package pins; a plain
+``fakeredis.FakeRedis`` keeps answering "unknown command" for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import fakeredis
+    from fakeredis import _msgs
+    from fakeredis._clients._async import FakeAsyncRedisConnection
+    from fakeredis._clients._sync import FakeRedisConnection
+    from fakeredis._command_args_parsing import Int
+    from fakeredis._commands import Key, Signature
+    from fakeredis._core import CommandItem
+    from fakeredis._helpers import SimpleError
+    from fakeredis._socket import AsyncFakeSocket, FakeSocket
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "goblin_claim.testing needs fakeredis with Lua: pip install 'goblin-claim[testing]'"
+    ) from exc
+
+__all__ = ["fake_async_redis", "fake_redis"]
+
+_CLAIMED = b"CLAIMED"
+# Largest expiry Redis accepts for SET ... EX at the current time is bounded by
+# its millisecond clock; this mirrors the server's overflow check.
+_MAX_MS = 2**63
+
+
+# The signatures live here, not in fakeredis' global command table, so only the
+# clients this module makes know the commands.
+_SIGNATURES = {
+    "goblin.claim": Signature("goblin.claim", "goblin_claim", (Key(), Key(), bytes, Int)),
+    "goblin.cad": Signature("goblin.cad", "goblin_cad", (Key(), bytes)),
+}
+_COMMAND_INFO = {
+    b"goblin.claim": [b"goblin.claim", 5, [b"write", b"denyoom"], 1, 2, 1, [b"@write"], [], [], []],
+    b"goblin.cad": [b"goblin.cad", 3, [b"write", b"fast"], 1, 1, 1, [b"@write"], [], [], []],
+}
+
+
+class _GoblinCommands:
+    """GOBLIN.CLAIM and GOBLIN.CAD for a fakeredis socket, with the seed's semantics."""
+
+    _db: Any
+
+    def _name_to_func(self, cmd_name: str) -> tuple[Any, Signature]:
+        sig = _SIGNATURES.get(cmd_name)
+        if sig is not None:
+            return getattr(self, sig.func_name), sig
+        return super()._name_to_func(cmd_name)  # type: ignore[misc, no-any-return]
+
+    def command_info(self, *commands: bytes) -> list[Any]:
+        # COMMAND INFO lists the plug-in commands too, so native detection finds them.
+        plain: list[Any] = super().command_info(*commands)  # type: ignore[misc]
+        return [_COMMAND_INFO.get(name.lower(), entry) for name, entry in zip(commands, plain)]
+
+    def goblin_claim(self, claim_key: CommandItem, result_key: CommandItem, token: bytes, seconds: int) -> Any:
+        # SET checks the expiry before NX, so a bad one fails even when the claim is held.
+        if seconds <= 0 or (self._db.time + seconds) * 1000 >= _MAX_MS:
+            raise SimpleError("ERR invalid expire time in 'goblin.claim' command")
+        if not claim_key:
+            claim_key.value = token
+            claim_key.expireat = self._db.time + seconds
+            return _CLAIMED
+        value = result_key.value
+        if value is not None and type(value) is not bytes:
+            raise SimpleError(_msgs.WRONGTYPE_MSG)
+        return value
+
+    def goblin_cad(self, key: CommandItem, value: bytes) -> int:
+        current = key.value
+        if current is not None and type(current) is not bytes:
+            raise SimpleError(_msgs.WRONGTYPE_MSG)
+        if current is None or current != value:
+            return 0
+        key.value = None
+        return 1
+
+
+class _NativeSocket(_GoblinCommands, FakeSocket):
+    pass
+
+
+class _NativeAsyncSocket(_GoblinCommands, AsyncFakeSocket):
+    pass
+
+
+class _NativeConnection(FakeRedisConnection):
+    def _connect(self) -> Any:
+        sock = super()._connect()
+        # The parent built the socket with every argument it needs; only its class changes.
+        sock.__class__ = _NativeSocket
+        return sock
+
+
+class _NativeAsyncConnection(FakeAsyncRedisConnection):
+    async def _connect(self) -> None:
+        await super()._connect()
+        assert self._sock is not None
+        self._sock.__class__ = _NativeAsyncSocket
+
+
+def fake_redis(native: bool, **kwargs: Any) -> fakeredis.FakeRedis:
+    """A sync fakeredis client; with ``native=True`` it answers GOBLIN.CLAIM / GOBLIN.CAD.
+
+    Args:
+        native: Whether the fake server has the native commands.
+        **kwargs: Passed to ``fakeredis.FakeRedis`` (``decode_responses``,
+            ``protocol``, ``server`` to share data between clients, ...).
+    """
+    if native:
+        kwargs["connection_class"] = _NativeConnection
+    return fakeredis.FakeRedis(**kwargs)
+
+
+def fake_async_redis(native: bool, **kwargs: Any) -> fakeredis.FakeAsyncRedis:
+    """An asyncio fakeredis client; with ``native=True`` it answers GOBLIN.CLAIM / GOBLIN.CAD.
+
+    Args:
+        native: Whether the fake server has the native commands.
+        **kwargs: Passed to ``fakeredis.FakeAsyncRedis``.
+    """
+    if native:
+        kwargs["connection_class"] = _NativeAsyncConnection
+    return fakeredis.FakeAsyncRedis(**kwargs)

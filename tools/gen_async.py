@@ -1,0 +1,87 @@
+"""Generate ``goblin_claim/_async.py`` from ``goblin_claim/_sync.py``.
+
+The two drivers mirror each other name for name; writing the async one by hand
+invites drift, so it is derived from the sync one by the exact replacements
+below. Run ``python tools/gen_async.py`` after editing ``_sync.py``;
+``--check`` fails when the committed file is stale (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "goblin_claim"
+SOURCE = PACKAGE / "_sync.py"
+TARGET = PACKAGE / "_async.py"
+HEADER = "# Generated from _sync.py by tools/gen_async.py: edit _sync.py, then run that script.\n"
+
+# (sync text, async text): each must occur in _sync.py, or the script fails.
+REPLACEMENTS: list[tuple[str, str]] = [
+    (
+        '"""``Claim``: the claim protocol over a sync redis-py client.\n\nThe mirror of ``_async.py``',
+        '"""``AsyncClaim``: the claim protocol over an asyncio redis-py client.\n\nThe mirror of ``_sync.py``',
+    ),
+    ("import time\n", "import asyncio\nimport time\n"),
+    ("from redis.cluster import RedisCluster\n", "from redis.asyncio.cluster import RedisCluster\n"),
+    ("    from redis import Redis\n", "    from redis.asyncio import Redis\n"),
+    ("SyncClient", "AsyncClient"),
+    ('__all__ = ["Claim"]', '__all__ = ["AsyncClaim"]'),
+    ("class Claim(ClaimBase):", "class AsyncClaim(ClaimBase):"),
+    ("over a sync redis-py client.", "over an asyncio redis-py client."),
+    (
+        "client: A ``redis.Redis`` or ``redis.cluster.RedisCluster``",
+        "client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``",
+    ),
+    ('claim = Claim(redis.Redis(), "evt88"', 'claim = AsyncClaim(redis.asyncio.Redis(), "evt88"'),
+    ("match claim.acquire():", "match await claim.acquire():"),
+    ("claim.complete(charge_card())", "await claim.complete(await charge_card())"),
+    ("reply(claim.wait(timeout=10).value)", "reply((await claim.wait(timeout=10)).value)"),
+    (") -> Claim:", ") -> AsyncClaim:"),
+    ("    def acquire(", "    async def acquire("),
+    ("    def complete(", "    async def complete("),
+    ("    def extend(", "    async def extend("),
+    ("    def release(", "    async def release("),
+    ("    def wait(", "    async def wait("),
+    ("    def _call(", "    async def _call("),
+    ("def _prepare(", "async def _prepare("),
+    ("self._call(", "await self._call("),
+    ("outcome = self.acquire()", "outcome = await self.acquire()"),
+    ("time.sleep(delay)", "await asyncio.sleep(delay)"),
+    ("_prepare(client, state)\n", "await _prepare(client, state)\n"),
+    ("return client.", "return await client."),
+    ("with state.sync_lock:", "async with state.async_lock:"),
+    (
+        "            state.native = native_from_command_table(",
+        "            await client.initialize()  # loads the command table on first use\n"
+        "            state.native = native_from_command_table(",
+    ),
+    ("client.script_load(script.source)\n                except", "await client.script_load(script.source)\n                except"),
+    ("replies = pipe.execute(", "replies = await pipe.execute("),
+]
+
+
+def generate() -> str:
+    """The text ``_async.py`` must have."""
+    text = SOURCE.read_text("utf-8")
+    for old, new in REPLACEMENTS:
+        if old not in text:
+            raise SystemExit(f"gen_async: {old!r} no longer occurs in {SOURCE.name}; update REPLACEMENTS")
+        text = text.replace(old, new)
+    return HEADER + text
+
+
+def main(argv: list[str]) -> int:
+    """Write ``_async.py``, or with ``--check`` report whether it is current."""
+    text = generate()
+    if "--check" in argv:
+        if TARGET.read_text("utf-8") != text:
+            print(f"{TARGET.name} is stale: run python tools/gen_async.py", file=sys.stderr)
+            return 1
+        return 0
+    TARGET.write_text(text, "utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
