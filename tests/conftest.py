@@ -1,0 +1,258 @@
+"""Fixtures: every backend (fakeredis with scripts, fakeredis with the native
+commands, real standalone / replicated / clustered redis-server) crossed with
+both drivers (sync ``Claim`` and ``AsyncClaim``), so one suite runs on all.
+
+Real servers start once per session on free loopback ports. Outside CI a
+missing redis-server skips their tests; with ``CI`` set it fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+
+from goblin_claim import AsyncClaim, Claim
+from goblin_claim.testing import fake_async_redis, fake_redis
+from tests import servers
+
+IN_CI = bool(os.environ.get("CI"))
+BACKENDS = ("fake", "fake-native", "standalone", "replica", "cluster")
+_counter = itertools.count()
+
+
+def unique(prefix: str = "k") -> str:
+    """A key no other test uses."""
+    return f"{prefix}-{os.getpid()}-{next(_counter)}"
+
+
+# --------------------------------------------------------------------------- real servers
+
+
+def _binary() -> str:
+    binary = servers.redis_server_binary()
+    if binary is None:
+        message = "redis-server is not installed (make test installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_standalone() -> Iterator[servers.RedisProcess]:
+    """A standalone redis-server for the whole session."""
+    with servers.standalone(_binary()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_replicated() -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
+    """A primary with one replica, for the whole session."""
+    with servers.primary_with_replica(_binary()) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[list[servers.RedisProcess]]:
+    """A three-primary cluster, for the whole session."""
+    with servers.cluster(_binary()) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def redis_server_binary() -> str:
+    """The redis-server binary, for tests that start servers of their own."""
+    return _binary()
+
+
+# --------------------------------------------------------------------------- backends
+
+
+@dataclass
+class Backend:
+    """How to make clients of one backend; all clients of a test share one data set."""
+
+    name: str
+    native: bool
+    make_sync: Callable[..., Any]
+    make_async: Callable[..., Any]
+    is_cluster: bool = False
+    is_server: bool = False
+    _made: list[Any] = field(default_factory=list)
+
+    def sync(self, **kwargs: Any) -> Any:
+        """A new sync client."""
+        client = self.make_sync(**kwargs)
+        self._made.append(client)
+        return client
+
+    def async_(self, **kwargs: Any) -> Any:
+        """A new asyncio client (create it inside the loop that will use it)."""
+        return self.make_async(**kwargs)
+
+
+def _server_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
+    if cluster:
+        return Backend(
+            name,
+            native=False,
+            make_sync=lambda **kw: redis.cluster.RedisCluster(host=host, port=port, **kw),
+            make_async=lambda **kw: redis.asyncio.cluster.RedisCluster(host=host, port=port, **kw),
+            is_cluster=True,
+            is_server=True,
+        )
+
+    def make_async(**kw: Any) -> Any:
+        # redis-py 8's asyncio pool refuses work past max_connections; many
+        # concurrent tasks need the blocking pool, which waits instead.
+        pool = redis.asyncio.BlockingConnectionPool(host=host, port=port, max_connections=64, timeout=30, **kw)
+        return redis.asyncio.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+
+    return Backend(
+        name,
+        native=False,
+        make_sync=lambda **kw: redis.Redis(host=host, port=port, **kw),
+        make_async=make_async,
+        is_server=True,
+    )
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Each backend in turn."""
+    name = request.param
+    if name in ("fake", "fake-native"):
+        native = name == "fake-native"
+        server = fakeredis.FakeServer()
+        made = Backend(
+            name,
+            native=native,
+            make_sync=lambda **kw: fake_redis(native, server=server, **kw),
+            make_async=lambda **kw: fake_async_redis(native, server=server, **kw),
+        )
+    elif name == "standalone":
+        srv = request.getfixturevalue("redis_standalone")
+        made = _server_backend(name, servers.HOST, srv.port, cluster=False)
+    elif name == "replica":
+        primary, _replica = request.getfixturevalue("redis_replicated")
+        made = _server_backend(name, servers.HOST, primary.port, cluster=False)
+    else:
+        nodes = request.getfixturevalue("redis_cluster")
+        made = _server_backend(name, servers.HOST, nodes[0].port, cluster=True)
+    yield made
+    for client in made._made:
+        client.close()
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+class Runner:
+    """Runs coroutines on one event loop owned by a test."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def __call__(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+
+
+class SyncView:
+    """An ``AsyncClaim`` whose methods are called like ``Claim``'s (each awaited on the runner)."""
+
+    def __init__(self, handle: AsyncClaim, run: Runner) -> None:
+        self._handle = handle
+        self._run = run
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._handle, name)
+        if callable(value):
+            return lambda *a, **kw: self._run(value(*a, **kw))
+        return value
+
+
+@dataclass
+class Driver:
+    """One driver (sync or async) on one backend, driven from synchronous test code.
+
+    ``claim(...)`` and ``from_keys(...)`` make handles of the driver under test;
+    ``raw`` is a sync client on the same data, for arranging and inspecting it.
+    """
+
+    kind: str
+    backend: Backend
+    client: Any
+    raw: Any
+    run: Runner | None
+
+    def claim(self, key: str, **kwargs: Any) -> Any:
+        """A handle of this driver."""
+        if self.run is None:
+            return Claim(self.client, key, **kwargs)
+        return SyncView(AsyncClaim(self.client, key, **kwargs), self.run)
+
+    def from_keys(self, claim_key: str, result_key: str, **kwargs: Any) -> Any:
+        """A handle of this driver on exact keys."""
+        if self.run is None:
+            return Claim.from_keys(self.client, claim_key, result_key, **kwargs)
+        return SyncView(AsyncClaim.from_keys(self.client, claim_key, result_key, **kwargs), self.run)
+
+    def tag(self, name: str) -> str:
+        """``name`` under a hash tag of its own (raw keys must share a slot on a cluster)."""
+        return f"{{{name}}}"
+
+
+def _make_driver(kind: str, backend: Backend, **client_kwargs: Any) -> tuple[Driver, Callable[[], None]]:
+    raw = backend.sync(**client_kwargs)
+    if kind == "sync":
+        return Driver(kind, backend, raw, raw, None), lambda: None
+    run = Runner()
+
+    async def make() -> Any:
+        return backend.async_(**client_kwargs)
+
+    client = run(make())
+
+    def close() -> None:
+        run(client.aclose())
+        run.close()
+
+    return Driver(kind, backend, client, raw, run), close
+
+
+@pytest.fixture(params=["sync", "async"])
+def driver(request: pytest.FixtureRequest, backend: Backend) -> Iterator[Driver]:
+    """The driver under test (sync or async) on the backend under test."""
+    made, close = _make_driver(request.param, backend)
+    yield made
+    close()
+
+
+@pytest.fixture
+def make_driver(backend: Backend) -> Iterator[Callable[..., Driver]]:
+    """Make drivers with client options (``decode_responses``, ``protocol``, ...)."""
+    closers: list[Callable[[], None]] = []
+
+    def make(kind: str, **client_kwargs: Any) -> Driver:
+        made, close = _make_driver(kind, backend, **client_kwargs)
+        closers.append(close)
+        return made
+
+    yield make
+    for close in closers:
+        close()
