@@ -108,7 +108,10 @@ def _server_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
             name,
             native=False,
             make_sync=lambda **kw: redis.cluster.RedisCluster(host=host, port=port, **kw),
-            make_async=lambda **kw: redis.asyncio.cluster.RedisCluster(host=host, port=port, **kw),
+            # The asyncio cluster client has no blocking pool: it needs room for every task.
+            make_async=lambda **kw: redis.asyncio.cluster.RedisCluster(
+                host=host, port=port, max_connections=1024, **kw
+            ),
             is_cluster=True,
             is_server=True,
         )
@@ -139,7 +142,9 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             name,
             native=native,
             make_sync=lambda **kw: fake_redis(native, server=server, **kw),
-            make_async=lambda **kw: fake_async_redis(native, server=server, **kw),
+            make_async=lambda **kw: fake_async_redis(
+                native, server=server, connection_pool_class=redis.asyncio.BlockingConnectionPool, **kw
+            ),
         )
     elif name == "standalone":
         srv = request.getfixturevalue("redis_standalone")
