@@ -54,7 +54,7 @@ class Completed(BaseModel):
 
     kind: Literal["completed"] = "completed"
     key: str
-    value: Union[bytes, str]  # noqa: UP007 -- pydantic evaluates this at run time on 3.10 too
+    value: Union[str, bytes]  # noqa: UP007 -- pydantic evaluates this at run time on 3.10 too
 
 
 class InFlight(BaseModel):

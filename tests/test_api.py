@@ -1,0 +1,139 @@
+"""The public surface: names fixed by the design, sync/async parity, outcome values."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pydantic
+import pytest
+
+import goblin_claim
+from goblin_claim import (
+    AsyncClaim,
+    Claim,
+    ClaimLostError,
+    Claimed,
+    Completed,
+    GoblinClaimError,
+    InFlight,
+    Outcome,
+    PayloadMismatchError,
+    StillInFlightError,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "GoblinClaimError",
+          "ClaimLostError", "StillInFlightError", "PayloadMismatchError"]  # fmt: skip
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """__all__ is sorted, lists only real attributes, and includes every name the design fixes."""
+    assert goblin_claim.__all__ == sorted(goblin_claim.__all__)
+    assert all(hasattr(goblin_claim, name) for name in goblin_claim.__all__)
+    assert set(PUBLIC) <= set(goblin_claim.__all__)
+
+
+def test_every_error_derives_from_the_root() -> None:
+    """Every exported exception class is a GoblinClaimError."""
+    errors = [getattr(goblin_claim, n) for n in goblin_claim.__all__ if n.endswith("Error")]
+    assert errors and all(issubclass(e, GoblinClaimError) for e in errors)
+    assert issubclass(goblin_claim.InvalidArgumentError, ValueError)
+    assert issubclass(goblin_claim.InvalidArgumentTypeError, TypeError)
+
+
+def _public_methods(cls: type) -> dict[str, object]:
+    return {
+        name: member
+        for name, member in inspect.getmembers(cls)
+        if not name.startswith("_") and callable(member)
+    }
+
+
+def _shape(function: object) -> list[tuple[str, object, object, str]]:
+    """A signature with the sync/async type names made equal: (name, kind, default, annotation)."""
+    signature = inspect.signature(function)  # type: ignore[arg-type]
+    params = [(p.name, p.kind, p.default, str(p.annotation)) for p in signature.parameters.values()]
+    params.append(("return", None, None, str(signature.return_annotation)))
+    return [(n, k, d, a.replace("AsyncClient", "SyncClient").replace("AsyncClaim", "Claim")) for n, k, d, a in params]
+
+
+def test_sync_and_async_handles_mirror_each_other() -> None:
+    """Claim and AsyncClaim have the same public methods, signatures and docstrings; async ones are coroutines."""
+    sync, asyn = _public_methods(Claim), _public_methods(AsyncClaim)
+    assert sync.keys() == asyn.keys()
+    assert {"acquire", "complete", "extend", "release", "wait", "from_keys"} <= sync.keys()
+    for name in [*sync, "__init__"]:
+        sync_member, async_member = getattr(Claim, name), getattr(AsyncClaim, name)
+        assert _shape(sync_member) == _shape(async_member), name
+        assert inspect.getdoc(sync_member) == inspect.getdoc(async_member), name
+    for name in sync.keys() - {"from_keys"}:
+        assert inspect.iscoroutinefunction(asyn[name]) and not inspect.iscoroutinefunction(sync[name]), name
+
+
+def test_async_driver_is_generated_from_the_sync_one() -> None:
+    """goblin_claim/_async.py is exactly what tools/gen_async.py derives from _sync.py."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_async.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_handle_attributes_are_strings() -> None:
+    """claim_key, result_key and token are str; the keys carry the namespace and one hash tag."""
+    handle = Claim(object(), "evt88", namespace="pay", token="worker-3")  # type: ignore[arg-type]
+    assert (handle.claim_key, handle.result_key, handle.token) == ("pay:{evt88}:claim", "pay:{evt88}:result", "worker-3")
+    assert Claim(object(), "evt88").token != Claim(object(), "evt88").token  # type: ignore[arg-type]
+
+
+def test_outcomes_are_frozen_values() -> None:
+    """Outcomes compare by value and refuse mutation."""
+    outcome = Claimed(key="k", token="t", lease=30)
+    assert outcome == Claimed(key="k", token="t", lease=30)
+    with pytest.raises(pydantic.ValidationError):
+        outcome.lease = 5  # type: ignore[misc]
+
+
+def test_outcome_union_is_discriminated() -> None:
+    """The Outcome union validates from its 'kind' tag; str values round-trip through JSON, bytes through Python."""
+    adapter = pydantic.TypeAdapter(Outcome)
+    for outcome in (Claimed(key="k", token="t", lease=3), Completed(key="k", value="v"), InFlight(key="k")):
+        assert adapter.validate_json(adapter.dump_json(outcome)) == outcome
+    raw = Completed(key="k", value=b"v")
+    assert adapter.validate_python(adapter.dump_python(raw)) == raw
+
+
+def test_outcomes_work_with_match() -> None:
+    """Positional and keyword class patterns narrow each outcome."""
+
+    def describe(outcome: Claimed | Completed | InFlight) -> str:
+        match outcome:
+            case Claimed(key, token):
+                return f"claimed {key} as {token}"
+            case Completed(value=value):
+                return f"done: {value!r}"
+            case InFlight():
+                return "in flight"
+
+    assert describe(Claimed(key="k", token="t", lease=1)) == "claimed k as t"
+    assert describe(Completed(key="k", value=b"v")) == "done: b'v'"
+    assert describe(InFlight(key="k")) == "in flight"
+
+
+def test_errors_carry_the_key() -> None:
+    """Errors keep the key they were raised for; ClaimLostError can carry a computed result."""
+    assert StillInFlightError("x", key="k").key == "k"
+    assert PayloadMismatchError("x", key="k").key == "k"
+    assert ClaimLostError("x", key="k", result=3).result == 3
+
+
+def test_error_tree_is_drawn_in_the_docstring() -> None:
+    """The errors module's docstring names every exported error class."""
+    from goblin_claim import _errors
+
+    doc = _errors.__doc__ or ""
+    for name in goblin_claim.__all__:
+        if name.endswith("Error"):
+            assert name in doc, name

@@ -1,0 +1,138 @@
+"""The pure core: validation, keys, replies, backoff and the wait schedule, with no Redis."""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import pytest
+from redis.crc import key_slot
+
+import goblin_claim
+from goblin_claim import Claimed, Completed, InFlight
+from goblin_claim._core import (
+    CLAIM,
+    SCRIPTS,
+    Backoff,
+    ClaimBase,
+    WaitSchedule,
+    build_keys,
+    check_seconds,
+    check_token,
+)
+
+
+@pytest.mark.parametrize("module", ["_core.py", "_outcomes.py", "_errors.py"])
+def test_pure_modules_never_import_redis(module: str) -> None:
+    """The core, the outcomes and the errors import nothing from redis (or from the drivers)."""
+    tree = ast.parse((Path(goblin_claim.__file__).parent / module).read_text("utf-8"))
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    assert imported, module
+    assert not {name for name in imported if name.split(".")[0] == "redis"}
+    assert not imported & {"._sync", "._async", "._server"}
+
+
+@pytest.mark.parametrize("good", [1, 30, 86400, 2**31 - 1])
+def test_check_seconds_accepts_positive_ints(good: int) -> None:
+    """Positive ints up to 2**31-1 pass unchanged."""
+    assert check_seconds("lease", good) == good
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(0, ValueError), (-1, ValueError), (2**31, ValueError), (1.5, TypeError), (True, TypeError),
+     ("30", TypeError), (None, TypeError), (30.0, TypeError)],
+)  # fmt: skip
+def test_check_seconds_refuses_everything_else(bad: object, error: type[Exception]) -> None:
+    """0, negatives, floats, bools, strings and None are refused with a message naming the field."""
+    with pytest.raises(error, match="lease"):
+        check_seconds("lease", bad)
+
+
+def test_tokens_may_not_contain_whitespace() -> None:
+    """A token with a space could equal the 'done' marker, so it is refused."""
+    assert check_token("worker-3") == "worker-3"
+    with pytest.raises(ValueError, match="whitespace"):
+        check_token("done worker-3")
+
+
+ODD = ["evt88", "{", "}", "{}", "}x{", "%", "%7B", "{evt88}", "a}b{c", "ключ", "x" * 300]
+
+
+@pytest.mark.parametrize("key", ODD, ids=range(len(ODD)))
+def test_keys_share_one_non_empty_hash_tag(key: str) -> None:
+    """Claim and result keys start with the namespace and hash to one slot through a non-empty tag."""
+    claim_key, result_key = build_keys("goblin", key)
+    assert claim_key.startswith("goblin:{") and result_key.startswith("goblin:{")
+    tag = claim_key[claim_key.index("{") + 1 : claim_key.index("}", claim_key.index("{"))]
+    assert tag and "{" not in tag
+    assert key_slot(claim_key.encode()) == key_slot(result_key.encode()) == key_slot(tag.encode())
+
+
+def test_distinct_keys_get_distinct_redis_keys() -> None:
+    """Percent-escaping is injective: keys that differ never share Redis keys."""
+    inputs = {*ODD, "%25", "%7D", "%257B", "%%"}
+    assert len({build_keys("ns", key)[0] for key in inputs}) == len(inputs)
+
+
+def test_claim_replies_decode_to_outcomes() -> None:
+    """CLAIMED (bytes or str) is Claimed, nil is InFlight, anything else is Completed with that value."""
+    handle = ClaimBase(None, "k", token="t", lease=5)
+    assert handle._claim_outcome(b"CLAIMED") == Claimed(key="k", token="t", lease=5)
+    assert handle._claim_outcome("CLAIMED") == Claimed(key="k", token="t", lease=5)
+    assert handle._claim_outcome(None) == InFlight(key="k")
+    assert handle._claim_outcome(b"") == Completed(key="k", value=b"")
+    assert handle._claim_outcome("x") == Completed(key="k", value="x")
+
+
+def test_scripts_have_headers_and_hashes() -> None:
+    """Every script opens with KEYS/ARGV/returns lines and carries its SHA1."""
+    for script in SCRIPTS:
+        header = [line for line in script.source.splitlines() if line.startswith("--")]
+        assert any(line.startswith("-- KEYS[1]") for line in header), script.name
+        assert any(line.startswith("-- ARGV[1]") for line in header), script.name
+        assert any(line.startswith("-- returns") for line in header), script.name
+        assert len(script.sha) == 40
+    assert CLAIM.native == "GOBLIN.CLAIM"
+
+
+def test_backoff_is_full_jitter_under_a_cap() -> None:
+    """Delays stay within [floor, min(cap, first * 2**n)] and vary."""
+    backoff = Backoff(first=0.02, cap=0.5, floor=0.005)
+    rng = random.Random(7)
+    for attempt in range(12):
+        ceiling = min(0.5, 0.02 * 2**attempt)
+        delays = [backoff.delay(attempt, rng) for _ in range(200)]
+        assert all(0.005 <= d <= max(0.005, ceiling) for d in delays)
+        assert len(set(delays)) > 100
+    assert backoff.delay(10_000, rng) <= 0.5
+
+
+def test_wait_schedule_respects_the_deadline() -> None:
+    """Delays never pass the deadline; after it, next_delay is None and expired() is StillInFlightError."""
+    schedule = WaitSchedule(1.0, "k")
+    schedule.start(100.0)
+    delay = schedule.next_delay(100.9)
+    assert delay is not None and delay <= 0.1 + 1e-9
+    assert schedule.next_delay(101.0) is None
+    assert schedule.expired().key == "k"
+
+
+def test_wait_schedule_zero_timeout_is_one_attempt() -> None:
+    """timeout=0 gives no delay at all: one attempt, then expiry."""
+    schedule = WaitSchedule(0, "k")
+    schedule.start(5.0)
+    assert schedule.next_delay(5.0) is None
+
+
+@pytest.mark.parametrize(("timeout", "error"), [(-0.1, ValueError), (float("nan"), ValueError), ("1", TypeError)])
+def test_wait_schedule_refuses_bad_timeouts(timeout: object, error: type[Exception]) -> None:
+    """Negative, NaN and non-numeric timeouts are refused."""
+    with pytest.raises(error):
+        WaitSchedule(timeout, "k")  # type: ignore[arg-type]
