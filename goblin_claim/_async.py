@@ -7,6 +7,7 @@ The mirror of ``_sync.py``, name for name; all decisions live in ``_core``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Union
 
@@ -20,11 +21,11 @@ from ._server import (
     PROBE_COMMAND,
     ClientState,
     is_unknown_command,
+    native_command,
     native_from_command_table,
     native_from_probe,
     state_of,
     translate,
-    use_native,
 )
 
 if TYPE_CHECKING:
@@ -186,9 +187,11 @@ class AsyncClaim(ClaimBase):
         try:
             if not state.ready:
                 await _prepare(client, state)
-            if use_native(state, self._native, script, self.key):
+            native = native_command(state, self._native, script, self.key)
+            if native is not None:
                 try:
-                    return await client.execute_command(script.native, *args)
+                    # redis-py leaves execute_command untyped on some clients.
+                    return await client.execute_command(native, *args)  # type: ignore[no-untyped-call, unused-ignore]
                 except (ResponseError, RedisClusterException) as exc:
                     if self._native == "always" or not is_unknown_command(exc):
                         raise
@@ -215,13 +218,12 @@ async def _prepare(client: AsyncClient, state: ClientState) -> None:
             await client.initialize()  # loads the command table on first use
             state.native = native_from_command_table(client.commands_parser.commands)
             for script in SCRIPTS:
-                try:
+                # An ACL without +script refuses this; EVAL then recovers on first use.
+                with contextlib.suppress(ResponseError):
                     await client.script_load(script.source)
-                except ResponseError:
-                    pass  # an ACL without +script: EVAL recovers on first use
         else:
             pipe = client.pipeline(transaction=False)
-            pipe.execute_command(PROBE_COMMAND, *PROBE_ARGS)
+            pipe.execute_command(PROBE_COMMAND, *PROBE_ARGS)  # type: ignore[no-untyped-call, unused-ignore]
             for script in SCRIPTS:
                 pipe.script_load(script.source)
             # One round trip; an error entry (NOPERM for the probe) is data here.

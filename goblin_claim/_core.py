@@ -76,7 +76,7 @@ class Script:
     @classmethod
     def load(cls, name: str, numkeys: int, native: str | None = None) -> Script:
         """Read ``scripts/<name>.lua`` from the package and hash it once."""
-        source = resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text("utf-8")
+        source = (resources.files(__package__) / "scripts" / f"{name}.lua").read_text("utf-8")
         sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
         return cls(name, source, sha, numkeys, native)
 
@@ -117,7 +117,9 @@ def check_seconds(name: str, value: object) -> int:
     ``bool`` is refused although it is an ``int``: ``lease=True`` is a bug.
     """
     if type(value) is not int:
-        raise InvalidArgumentTypeError(f"{name} must be a positive int of seconds, not {type(value).__name__} {value!r}")
+        raise InvalidArgumentTypeError(
+            f"{name} must be a positive int of seconds, not {type(value).__name__} {value!r}"
+        )
     if not 0 < value <= MAX_SECONDS:
         raise InvalidArgumentError(f"{name} must be a positive int of seconds (at most {MAX_SECONDS}), not {value!r}")
     return value
@@ -170,7 +172,7 @@ def check_native(value: object) -> NativeMode:
     """Return a valid ``native`` mode."""
     if value not in _NATIVE_MODES:
         raise InvalidArgumentError(f"native must be one of {', '.join(map(repr, _NATIVE_MODES))}, not {value!r}")
-    return value  # type: ignore[return-value]  # narrowed by the membership test
+    return value
 
 
 def new_token() -> str:
@@ -344,4 +346,3 @@ class WaitSchedule:
             f"{self._key!r} is still in flight after waiting {self._timeout:g}s ({self._attempt + 1} attempts)",
             key=self._key,
         )
-

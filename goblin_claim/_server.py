@@ -30,13 +30,15 @@ from ._core import NATIVE_COMMANDS, NativeMode, Script, native_choice
 from ._errors import ConnectionFailedError, ServerError, WrongTypeError
 
 __all__ = [
+    "PROBE_ARGS",
     "PROBE_COMMAND",
     "ClientState",
+    "is_unknown_command",
+    "native_command",
     "native_from_command_table",
     "native_from_probe",
     "state_of",
     "translate",
-    "use_native",
 ]
 
 # Sent as one word so redis-py skips its COMMAND reply parser, which cannot read
@@ -82,7 +84,7 @@ def native_from_probe(reply: object) -> frozenset[str]:
     """
     if not isinstance(reply, list):
         return frozenset()
-    return frozenset(name for name, entry in zip(NATIVE_COMMANDS, reply) if entry)
+    return frozenset(name for name, entry in zip(NATIVE_COMMANDS, reply, strict=False) if entry)
 
 
 def native_from_command_table(table: Mapping[str, object] | Iterable[str]) -> frozenset[str]:
@@ -90,13 +92,18 @@ def native_from_command_table(table: Mapping[str, object] | Iterable[str]) -> fr
     return frozenset(name for name in NATIVE_COMMANDS if name.lower() in table)
 
 
-def use_native(state: ClientState, mode: NativeMode, script: Script, key: str) -> bool:
-    """Whether this call goes to the native command (raises for ``"always"`` without one)."""
-    if mode == "never" or script.native is None:
-        return False
+def native_command(state: ClientState, mode: NativeMode, script: Script, key: str) -> str | None:
+    """The native command this call sends instead of ``script``, if any.
+
+    Raises:
+        NativeUnavailableError: ``mode`` is ``"always"`` and the server lacks the commands.
+    """
+    native = script.native
+    if mode == "never" or native is None:
+        return None
     if mode == "always":
-        return script.native in native_choice(mode, state.native, key)
-    return state.native is not None and script.native in state.native
+        return native if native in native_choice(mode, state.native, key) else None
+    return native if state.native is not None and native in state.native else None
 
 
 def is_unknown_command(exc: BaseException) -> bool:

@@ -5,6 +5,7 @@ The mirror of ``_async.py``, name for name; all decisions live in ``_core``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Union
 
@@ -18,11 +19,11 @@ from ._server import (
     PROBE_COMMAND,
     ClientState,
     is_unknown_command,
+    native_command,
     native_from_command_table,
     native_from_probe,
     state_of,
     translate,
-    use_native,
 )
 
 if TYPE_CHECKING:
@@ -184,9 +185,11 @@ class Claim(ClaimBase):
         try:
             if not state.ready:
                 _prepare(client, state)
-            if use_native(state, self._native, script, self.key):
+            native = native_command(state, self._native, script, self.key)
+            if native is not None:
                 try:
-                    return client.execute_command(script.native, *args)
+                    # redis-py leaves execute_command untyped on some clients.
+                    return client.execute_command(native, *args)  # type: ignore[no-untyped-call, unused-ignore]
                 except (ResponseError, RedisClusterException) as exc:
                     if self._native == "always" or not is_unknown_command(exc):
                         raise
@@ -212,13 +215,12 @@ def _prepare(client: SyncClient, state: ClientState) -> None:
             # at start, so that table is what decides; SCRIPT LOAD reaches every primary.
             state.native = native_from_command_table(client.commands_parser.commands)
             for script in SCRIPTS:
-                try:
+                # An ACL without +script refuses this; EVAL then recovers on first use.
+                with contextlib.suppress(ResponseError):
                     client.script_load(script.source)
-                except ResponseError:
-                    pass  # an ACL without +script: EVAL recovers on first use
         else:
             pipe = client.pipeline(transaction=False)
-            pipe.execute_command(PROBE_COMMAND, *PROBE_ARGS)
+            pipe.execute_command(PROBE_COMMAND, *PROBE_ARGS)  # type: ignore[no-untyped-call, unused-ignore]
             for script in SCRIPTS:
                 pipe.script_load(script.source)
             # One round trip; an error entry (NOPERM for the probe) is data here.

@@ -33,9 +33,7 @@ try:
     from fakeredis._helpers import SimpleError
     from fakeredis._socket import AsyncFakeSocket, FakeSocket
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "goblin_claim.testing needs fakeredis with Lua: pip install 'goblin-claim[testing]'"
-    ) from exc
+    raise ImportError("goblin_claim.testing needs fakeredis with Lua: pip install 'goblin-claim[testing]'") from exc
 
 __all__ = ["fake_async_redis", "fake_redis"]
 
@@ -47,9 +45,10 @@ _MAX_MS = 2**63
 
 # The signatures live here, not in fakeredis' global command table, so only the
 # clients this module makes know the commands.
+# (fakeredis annotates its argument specs as types, but passes Key() instances itself.)
 _SIGNATURES = {
-    "goblin.claim": Signature("goblin.claim", "goblin_claim", (Key(), Key(), bytes, Int)),
-    "goblin.cad": Signature("goblin.cad", "goblin_cad", (Key(), bytes)),
+    "goblin.claim": Signature("goblin.claim", "goblin_claim", (Key(), Key(), bytes, Int)),  # type: ignore[arg-type]
+    "goblin.cad": Signature("goblin.cad", "goblin_cad", (Key(), bytes)),  # type: ignore[arg-type]
 }
 _COMMAND_INFO = {
     b"goblin.claim": [b"goblin.claim", 5, [b"write", b"denyoom"], 1, 2, 1, [b"@write"], [], [], []],
@@ -71,7 +70,7 @@ class _GoblinCommands:
     def command_info(self, *commands: bytes) -> list[Any]:
         # COMMAND INFO lists the plug-in commands too, so native detection finds them.
         plain: list[Any] = super().command_info(*commands)  # type: ignore[misc]
-        return [_COMMAND_INFO.get(name.lower(), entry) for name, entry in zip(commands, plain)]
+        return [_COMMAND_INFO.get(name.lower(), entry) for name, entry in zip(commands, plain, strict=True)]
 
     def goblin_claim(self, claim_key: CommandItem, result_key: CommandItem, token: bytes, seconds: int) -> Any:
         # SET checks the expiry before NX, so a bad one fails even when the claim is held.

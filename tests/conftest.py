@@ -1,6 +1,7 @@
-"""Fixtures: every backend (fakeredis with scripts, fakeredis with the native
-commands, real standalone / replicated / clustered redis-server) crossed with
-both drivers (sync ``Claim`` and ``AsyncClaim``), so one suite runs on all.
+"""Fixtures: every backend crossed with both drivers, so one suite runs on all.
+
+Backends: fakeredis with scripts, fakeredis with the native commands, and real
+standalone / replicated / clustered redis-server. Drivers: ``Claim`` and ``AsyncClaim``.
 
 Real servers start once per session on free loopback ports. Outside CI a
 missing redis-server skips their tests; with ``CI`` set it fails them.
@@ -170,9 +171,11 @@ class Runner:
         self.loop = asyncio.new_event_loop()
 
     def __call__(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` to completion on this runner's loop."""
         return self.loop.run_until_complete(coro)
 
     def close(self) -> None:
+        """Finish async generators and close the loop."""
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()
 

@@ -147,9 +147,7 @@ def cluster(binary: str, primaries: int = 3) -> Iterator[list[RedisProcess]]:
     nodes: list[RedisProcess] = []
     try:
         for _ in range(primaries):
-            nodes.append(
-                start_server(binary, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            )
+            nodes.append(start_server(binary, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"))
         _assign_slots(nodes)
         yield nodes
     finally:

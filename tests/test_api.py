@@ -14,8 +14,8 @@ import goblin_claim
 from goblin_claim import (
     AsyncClaim,
     Claim,
-    ClaimLostError,
     Claimed,
+    ClaimLostError,
     Completed,
     GoblinClaimError,
     InFlight,
@@ -39,17 +39,14 @@ def test_all_is_sorted_and_complete() -> None:
 def test_every_error_derives_from_the_root() -> None:
     """Every exported exception class is a GoblinClaimError."""
     errors = [getattr(goblin_claim, n) for n in goblin_claim.__all__ if n.endswith("Error")]
-    assert errors and all(issubclass(e, GoblinClaimError) for e in errors)
+    assert errors
+    assert all(issubclass(e, GoblinClaimError) for e in errors)
     assert issubclass(goblin_claim.InvalidArgumentError, ValueError)
     assert issubclass(goblin_claim.InvalidArgumentTypeError, TypeError)
 
 
 def _public_methods(cls: type) -> dict[str, object]:
-    return {
-        name: member
-        for name, member in inspect.getmembers(cls)
-        if not name.startswith("_") and callable(member)
-    }
+    return {name: member for name, member in inspect.getmembers(cls) if not name.startswith("_") and callable(member)}
 
 
 def _shape(function: object) -> list[tuple[str, object, object, str]]:
@@ -70,7 +67,8 @@ def test_sync_and_async_handles_mirror_each_other() -> None:
         assert _shape(sync_member) == _shape(async_member), name
         assert inspect.getdoc(sync_member) == inspect.getdoc(async_member), name
     for name in sync.keys() - {"from_keys"}:
-        assert inspect.iscoroutinefunction(asyn[name]) and not inspect.iscoroutinefunction(sync[name]), name
+        assert inspect.iscoroutinefunction(asyn[name]), name
+        assert not inspect.iscoroutinefunction(sync[name]), name
 
 
 def test_async_driver_is_generated_from_the_sync_one() -> None:
@@ -84,7 +82,11 @@ def test_async_driver_is_generated_from_the_sync_one() -> None:
 def test_handle_attributes_are_strings() -> None:
     """claim_key, result_key and token are str; the keys carry the namespace and one hash tag."""
     handle = Claim(object(), "evt88", namespace="pay", token="worker-3")  # type: ignore[arg-type]
-    assert (handle.claim_key, handle.result_key, handle.token) == ("pay:{evt88}:claim", "pay:{evt88}:result", "worker-3")
+    assert (handle.claim_key, handle.result_key, handle.token) == (
+        "pay:{evt88}:claim",
+        "pay:{evt88}:result",
+        "worker-3",
+    )
     assert Claim(object(), "evt88").token != Claim(object(), "evt88").token  # type: ignore[arg-type]
 
 

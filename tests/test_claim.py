@@ -1,5 +1,8 @@
-"""Claim / AsyncClaim semantics on every backend: complete, extend, release, wait,
-validation before I/O, error mapping, keys, decoding and protocol versions."""
+"""Claim / AsyncClaim semantics on every backend.
+
+Covers complete, extend, release, wait, validation before I/O, error mapping, keys,
+decoding and protocol versions.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +14,16 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from goblin_claim import (
     AsyncClaim,
     Claim,
-    ClaimLostError,
     Claimed,
+    ClaimLostError,
     Completed,
     ConnectionFailedError,
     InFlight,
@@ -29,6 +35,9 @@ from goblin_claim import (
 )
 from tests.conftest import Driver, unique
 from tests.servers import HOST, free_port
+
+NO_RETRY = Retry(NoBackoff(), 0)  # fail at once: the port is known to be closed
+ASYNC_NO_RETRY = AsyncRetry(NoBackoff(), 0)
 
 
 def keyspace(driver: Driver) -> list[bytes]:
@@ -284,7 +293,8 @@ ODD_KEYS = ["{", "}", "{}", "}{", "a{b}c", "{x}", "%7B", "%", "ключ-🔑", "
 def test_odd_keys_work_end_to_end(driver: Driver, key: str) -> None:
     """Braces, percent signs, unicode and 300 characters: one slot, the namespace prefix, a full claim cycle."""
     handle = driver.claim(key, namespace="shop")
-    assert handle.claim_key.startswith("shop:") and handle.result_key.startswith("shop:")
+    assert handle.claim_key.startswith("shop:")
+    assert handle.result_key.startswith("shop:")
     assert key_slot(handle.claim_key.encode()) == key_slot(handle.result_key.encode())
     driver.raw.delete(handle.claim_key, handle.result_key)
     assert isinstance(handle.acquire(), Claimed)
@@ -340,11 +350,11 @@ def test_connection_failure_maps_to_its_own_error(kind: str) -> None:
     port = free_port()  # nothing listens there
     if kind == "sync":
         with pytest.raises(ConnectionFailedError) as info:
-            Claim(redis.Redis(host=HOST, port=port, socket_connect_timeout=1), "evt88").acquire()
+            Claim(redis.Redis(host=HOST, port=port, retry=NO_RETRY), "evt88").acquire()
     else:
 
         async def attempt() -> None:
-            client = redis.asyncio.Redis(host=HOST, port=port, socket_connect_timeout=1)
+            client = redis.asyncio.Redis(host=HOST, port=port, retry=ASYNC_NO_RETRY)
             try:
                 await AsyncClaim(client, "evt88").acquire()
             finally:

@@ -69,9 +69,11 @@ ODD = ["evt88", "{", "}", "{}", "}x{", "%", "%7B", "{evt88}", "a}b{c", "ключ
 def test_keys_share_one_non_empty_hash_tag(key: str) -> None:
     """Claim and result keys start with the namespace and hash to one slot through a non-empty tag."""
     claim_key, result_key = build_keys("goblin", key)
-    assert claim_key.startswith("goblin:{") and result_key.startswith("goblin:{")
+    assert claim_key.startswith("goblin:{")
+    assert result_key.startswith("goblin:{")
     tag = claim_key[claim_key.index("{") + 1 : claim_key.index("}", claim_key.index("{"))]
-    assert tag and "{" not in tag
+    assert tag
+    assert "{" not in tag
     assert key_slot(claim_key.encode()) == key_slot(result_key.encode()) == key_slot(tag.encode())
 
 
@@ -119,7 +121,8 @@ def test_wait_schedule_respects_the_deadline() -> None:
     schedule = WaitSchedule(1.0, "k")
     schedule.start(100.0)
     delay = schedule.next_delay(100.9)
-    assert delay is not None and delay <= 0.1 + 1e-9
+    assert delay is not None
+    assert delay <= 0.1 + 1e-9
     assert schedule.next_delay(101.0) is None
     assert schedule.expired().key == "k"
 

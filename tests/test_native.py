@@ -1,5 +1,7 @@
-"""Choosing between GOBLIN.CLAIM / GOBLIN.CAD and the scripts, and recovering
-from a cold script cache, counted command by command."""
+"""Choosing between GOBLIN.CLAIM / GOBLIN.CAD and the scripts.
+
+Also recovering from a cold script cache, counted command by command.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def test_auto_uses_native_commands_where_present() -> None:
     assert isinstance(handle.acquire(), Claimed)
     assert handle.release() is True
     assert state_of(client).native == frozenset(NATIVE_COMMANDS)
-    assert log.names.count("GOBLIN.CLAIM") == 1 and log.names.count("GOBLIN.CAD") == 1
+    assert log.names.count("GOBLIN.CLAIM") == 1
+    assert log.names.count("GOBLIN.CAD") == 1
     assert "EVALSHA" not in log.names
 
 
@@ -65,7 +68,8 @@ def test_never_uses_scripts_even_with_native() -> None:
     assert Claim(client, key, native="never").acquire() == InFlight(key=key)
     owner.complete(b"v")
     assert Claim(client, key, native="never").acquire() == Completed(key=key, value=b"v")
-    assert "GOBLIN.CLAIM" not in log.names and "GOBLIN.CAD" not in log.names
+    assert "GOBLIN.CLAIM" not in log.names
+    assert "GOBLIN.CAD" not in log.names
 
 
 def test_always_without_native_raises_before_writing() -> None:
@@ -160,12 +164,14 @@ def test_cold_script_cache_costs_one_extra_round_trip(standalone_client: redis.R
     admin.config_resetstat()
     assert isinstance(Claim(client, unique()).acquire(), Claimed)
     first = commandstats(admin)
-    assert first.get("evalsha") == 1 and first.get("eval") == 1
+    assert first.get("evalsha") == 1
+    assert first.get("eval") == 1
     assert "script|load" not in first
     admin.config_resetstat()
     Claim(client, unique()).acquire()
     second = commandstats(admin)
-    assert second.get("evalsha") == 1 and "eval" not in second
+    assert second.get("evalsha") == 1
+    assert "eval" not in second
     client.close()
 
 

@@ -1,5 +1,7 @@
-"""The seed's four examples and every row of its "Return value" table, on every
-backend (scripts and native, fake and real) and through both drivers."""
+"""The seed's four examples and every row of its "Return value" table.
+
+On every backend (scripts and native, fake and real) and through both drivers.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +19,7 @@ from tests.conftest import Driver
 @pytest.fixture
 def seed_keys(driver: Driver) -> tuple[str, str]:
     """The seed's own key names (hash-tagged on a cluster, which needs one slot), cleared first."""
-    if driver.backend.is_cluster:
-        keys = ("claim:{evt88}", "result:{evt88}")
-    else:
-        keys = ("claim:evt88", "result:evt88")
+    keys = ("claim:{evt88}", "result:{evt88}") if driver.backend.is_cluster else ("claim:evt88", "result:evt88")
     driver.raw.delete(*keys)
     return keys
 

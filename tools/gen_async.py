@@ -22,7 +22,7 @@ REPLACEMENTS: list[tuple[str, str]] = [
         '"""``Claim``: the claim protocol over a sync redis-py client.\n\nThe mirror of ``_async.py``',
         '"""``AsyncClaim``: the claim protocol over an asyncio redis-py client.\n\nThe mirror of ``_sync.py``',
     ),
-    ("import time\n", "import asyncio\nimport time\n"),
+    ("import contextlib\n", "import asyncio\nimport contextlib\n"),
     ("from redis.cluster import RedisCluster\n", "from redis.asyncio.cluster import RedisCluster\n"),
     ("    from redis import Redis\n", "    from redis.asyncio import Redis\n"),
     ("SyncClient", "AsyncClient"),
@@ -56,7 +56,7 @@ REPLACEMENTS: list[tuple[str, str]] = [
         "            await client.initialize()  # loads the command table on first use\n"
         "            state.native = native_from_command_table(",
     ),
-    ("client.script_load(script.source)\n                except", "await client.script_load(script.source)\n                except"),
+    (" client.script_load(script.source)\n", " await client.script_load(script.source)\n"),
     ("replies = pipe.execute(", "replies = await pipe.execute("),
 ]
 

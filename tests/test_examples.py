@@ -1,0 +1,43 @@
+"""The examples run as users run them, on the embedded fake and on a real server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.servers import RedisProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = ["claims it", "races in", "publishes the answer", "same answer", "crashes mid-charge", "takes over", "done"]
+
+
+def _run(script: str, **env: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_payment_webhook_on_the_embedded_fake() -> None:
+    """The demo narrates every step of the seed's story and ends with each event charged once."""
+    output = _run("payment_webhook.py", REDIS_URL="")
+    assert "embedded fakeredis" in output
+    for step in STEPS:
+        assert step in output, step
+    assert "value=b'charged:txn_551'" in output
+
+
+def test_payment_webhook_on_a_real_server(redis_standalone: RedisProcess) -> None:
+    """With REDIS_URL set, the demo runs the same story against that server."""
+    output = _run("payment_webhook.py", REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
+    assert f"127.0.0.1:{redis_standalone.port}" in output
+    for step in STEPS:
+        assert step in output, step
