@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncClaim"]
 
 
-class AsyncClaim(ClaimBase):
+class AsyncClaim(ClaimBase["AsyncClient"]):
     """One idempotency key, claimed by one token, over an asyncio redis-py client.
 
     A handle is cheap: make one per request. Its methods are owner-checked: they
@@ -69,19 +69,6 @@ class AsyncClaim(ClaimBase):
     """
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        key: str,
-        *,
-        lease: int = 30,
-        ttl: int = 86400,
-        namespace: str = "goblin",
-        token: str | None = None,
-        native: NativeMode = "auto",
-    ) -> None:
-        super().__init__(client, key, lease=lease, ttl=ttl, namespace=namespace, token=token, native=native)
 
     @classmethod
     def from_keys(
@@ -116,7 +103,8 @@ class AsyncClaim(ClaimBase):
             WrongTypeError: ``result_key`` holds a non-string value.
             ConnectionFailedError: Redis could not be reached.
         """
-        return self._claim_outcome(await self._call(CLAIM, self._claim_args(self.lease), self.result_key))
+        args = (self.claim_key, self.result_key, self.token, self.lease)
+        return self._claim_outcome(await self._call(CLAIM, args, self.result_key))
 
     async def complete(self, value: bytes | str) -> None:
         """Store the work's result for ``ttl`` seconds and mark the work done.
@@ -182,12 +170,14 @@ class AsyncClaim(ClaimBase):
     # -- the one round trip
 
     async def _call(self, script: Script, args: tuple[str | bytes | int, ...], keys: str) -> object:
-        client: AsyncClient = self._client  # type: ignore[assignment]  # set by ClaimBase
+        client = self._client
         state = state_of(client)
         try:
             if not state.ready:
                 await _prepare(client, state)
-            native = native_command(state, self._native, script, self.key)
+            native = None
+            if state.native or self._native != "auto":  # stock servers skip the native decision
+                native = native_command(state, self._native, script, self.key)
             if native is not None:
                 try:
                     # redis-py leaves execute_command untyped on some clients.

@@ -8,11 +8,13 @@ the rules here means one place to read, and unit tests that need no server.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import random
 import secrets
 from dataclasses import dataclass
 from importlib import resources
-from typing import Final, Literal
+from typing import Final, Generic, Literal, TypeVar
 
 from ._errors import (
     ClaimLostError,
@@ -46,6 +48,9 @@ _CLAIMED_REPLIES: Final = (b"CLAIMED", "CLAIMED")
 # A lease or ttl above this is refused: Redis rejects expiries that overflow its
 # millisecond clock, and no real claim needs to be held for longer than ~68 years.
 MAX_SECONDS: Final = 2**31 - 1
+
+# Namespaces already validated: most services use one or two, on every request.
+_NAMESPACES_SEEN: set[str] = set()
 
 # What complete() leaves in claim_key. It contains a space, which no token may
 # contain, so a completed claim never matches an owner check.
@@ -175,9 +180,26 @@ def check_native(value: object) -> NativeMode:
     return value
 
 
+def _new_token_prefix() -> None:
+    global _token_prefix, _token_counter
+    _token_prefix = secrets.token_hex(12) + "-"
+    _token_counter = itertools.count(1)
+
+
+_token_prefix = ""
+_token_counter = itertools.count(1)
+_new_token_prefix()
+# A forked child must not repeat its parent's tokens.
+os.register_at_fork(after_in_child=_new_token_prefix)
+
+
 def new_token() -> str:
-    """A fresh random token: 128 bits, hex."""
-    return secrets.token_hex(16)
+    """A token unique to this handle: 96 random bits per process, then a counter.
+
+    Cheaper than fresh randomness per call, and just as unique: the prefix is
+    drawn again in every forked child.
+    """
+    return f"{_token_prefix}{next(_token_counter):x}"
 
 
 # --------------------------------------------------------------------------- keys
@@ -204,14 +226,21 @@ def build_keys(namespace: str, key: str) -> tuple[str, str]:
 # --------------------------------------------------------------------------- the shared handle
 
 
-class ClaimBase:
-    """What ``Claim`` and ``AsyncClaim`` share: validated settings and derived keys."""
+ClientT = TypeVar("ClientT")
+
+
+class ClaimBase(Generic[ClientT]):
+    """What ``Claim`` and ``AsyncClaim`` share: validated settings and derived keys.
+
+    Handles are made once per request, so construction stays cheap: plain type
+    and range checks, no pydantic, namespaces validated once per process.
+    """
 
     __slots__ = ("_client", "_native", "claim_key", "key", "lease", "result_key", "token", "ttl")
 
     def __init__(
         self,
-        client: object,
+        client: ClientT,
         key: str,
         *,
         lease: int = 30,
@@ -220,28 +249,34 @@ class ClaimBase:
         token: str | None = None,
         native: NativeMode = "auto",
     ) -> None:
+        # Each check takes its fast path inline for the valid, common case and
+        # calls the full checker (which raises with a clear message) otherwise.
         self._client = client
-        self.key = _check_text("key", key)
-        self.claim_key, self.result_key = build_keys(check_namespace(namespace), key)
+        if type(key) is not str or not key or not key.isascii():
+            _check_text("key", key)
+        self.key = key
+        if namespace not in _NAMESPACES_SEEN:
+            _NAMESPACES_SEEN.add(check_namespace(namespace))
+        self.claim_key, self.result_key = build_keys(namespace, key)
         self._setup(lease, ttl, token, native)
 
-    def _setup(self, lease: object, ttl: object, token: object, native: object) -> None:
-        self.lease = check_seconds("lease", lease)
-        self.ttl = check_seconds("ttl", ttl)
+    def _setup(self, lease: int, ttl: int, token: str | None, native: NativeMode) -> None:
+        self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
+        self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
         self.token = new_token() if token is None else check_token(token)
         self._native = native if native == "auto" else check_native(native)
 
     @classmethod
     def _with_keys(
         cls,
-        client: object,
+        client: ClientT,
         claim_key: str,
         result_key: str,
         lease: int,
         ttl: int,
         token: str | None,
         native: NativeMode,
-    ) -> ClaimBase:
+    ) -> ClaimBase[ClientT]:
         self = cls.__new__(cls)
         self._client = client
         self.claim_key = _check_text("claim_key", claim_key)
@@ -257,15 +292,13 @@ class ClaimBase:
 
     # -- what to send, and what the replies mean
 
-    def _claim_args(self, lease: int) -> tuple[str, str, str, int]:
-        return self.claim_key, self.result_key, self.token, lease
-
     def _claim_outcome(self, reply: object) -> Claimed | Completed | InFlight:
+        # Plain constructors: pydantic's validated __init__ is faster than model_construct.
         if reply is None:
-            return InFlight.model_construct(key=self.key)
+            return InFlight(key=self.key)
         if reply in _CLAIMED_REPLIES:
-            return Claimed.model_construct(key=self.key, token=self.token, lease=self.lease)
-        return Completed.model_construct(key=self.key, value=reply)
+            return Claimed(key=self.key, token=self.token, lease=self.lease)
+        return Completed(key=self.key, value=reply)  # type: ignore[arg-type]  # bytes or str from redis-py
 
     def _complete_args(self, value: object) -> tuple[str, str, str, bytes | str, int, str]:
         stored = check_value(value, self.key)

@@ -27,7 +27,7 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ("    from redis import Redis\n", "    from redis.asyncio import Redis\n"),
     ("SyncClient", "AsyncClient"),
     ('__all__ = ["Claim"]', '__all__ = ["AsyncClaim"]'),
-    ("class Claim(ClaimBase):", "class AsyncClaim(ClaimBase):"),
+    ("class Claim(ClaimBase[", "class AsyncClaim(ClaimBase["),
     ("over a sync redis-py client.", "over an asyncio redis-py client."),
     (
         "client: A ``redis.Redis`` or ``redis.cluster.RedisCluster``",
