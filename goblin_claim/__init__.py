@@ -14,10 +14,14 @@ from ._errors import (
     InvalidArgumentTypeError,
     NativeUnavailableError,
     PayloadMismatchError,
+    ReplayedError,
+    ResultNotSerializableError,
     ServerError,
     StillInFlightError,
+    UnreadableResultError,
     WrongTypeError,
 )
+from ._idempotent import idempotent
 from ._outcomes import Claimed, Completed, InFlight, Outcome
 from ._sync import Claim
 
@@ -35,7 +39,11 @@ __all__ = [
     "NativeUnavailableError",
     "Outcome",
     "PayloadMismatchError",
+    "ReplayedError",
+    "ResultNotSerializableError",
     "ServerError",
     "StillInFlightError",
+    "UnreadableResultError",
     "WrongTypeError",
+    "idempotent",
 ]

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Union
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from ._core import CLAIM, COMPLETE, EXTEND, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script
+from ._core import CLAIM, COMPLETE, EXTEND, PEEK, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script
+from ._keepalive import AsyncKeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
     PROBE_ARGS,
@@ -166,6 +167,25 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             if delay is None:
                 raise schedule.expired()
             await asyncio.sleep(delay)
+
+    def keep_alive(self, interval: float | None = None) -> AsyncKeepAlive:
+        """Renew the lease in the background while a block runs (an asyncio task).
+
+        Renews every ``interval`` seconds (default: a third of the lease) and stops
+        when the block exits. A renewal that finds the claim lost stops and sets
+        ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing.
+
+        Example::
+
+            async with claim.keep_alive():
+                result = await long_work()
+            await claim.complete(result)
+        """
+        return AsyncKeepAlive(self, interval)
+
+    async def _peek(self) -> object:
+        """The claim key's current value (the holder's token), or ``None``."""
+        return await self._call(PEEK, (self.claim_key,), self.claim_key)
 
     # -- the one round trip
 

@@ -30,6 +30,7 @@ __all__ = [
     "CLAIMED",
     "COMPLETE",
     "EXTEND",
+    "PEEK",
     "RELEASE",
     "SCRIPTS",
     "ClaimBase",
@@ -54,7 +55,7 @@ _NAMESPACES_SEEN: set[str] = set()
 
 # What complete() leaves in claim_key. It contains a space, which no token may
 # contain, so a completed claim never matches an owner check.
-_DONE_PREFIX: Final = "done "
+DONE_PREFIX: Final = "done "
 
 
 # --------------------------------------------------------------------------- scripts
@@ -90,7 +91,8 @@ CLAIM: Final = Script.load("claim", 2, native="GOBLIN.CLAIM")
 COMPLETE: Final = Script.load("complete", 2)
 EXTEND: Final = Script.load("extend", 1)
 RELEASE: Final = Script.load("release", 1, native="GOBLIN.CAD")
-SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE)
+PEEK: Final = Script.load("peek", 1)
+SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK)
 NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
 
 
@@ -302,7 +304,7 @@ class ClaimBase(Generic[ClientT]):
 
     def _complete_args(self, value: object) -> tuple[str, str, str, bytes | str, int, str]:
         stored = check_value(value, self.key)
-        return self.claim_key, self.result_key, self.token, stored, self.ttl, _DONE_PREFIX + self.token
+        return self.claim_key, self.result_key, self.token, stored, self.ttl, DONE_PREFIX + self.token
 
     def _extend_lease(self, lease: int | None) -> int:
         return self.lease if lease is None else check_seconds("lease", lease)
@@ -318,7 +320,23 @@ class ClaimBase(Generic[ClientT]):
         return WaitSchedule(timeout, self.key)
 
 
-# --------------------------------------------------------------------------- waiting
+# --------------------------------------------------------------------------- waiting and renewing
+
+
+def renew_interval(lease: int, interval: object, key: str) -> float:
+    """Seconds between lease renewals: ``interval`` if given, else a third of the lease.
+
+    A third leaves two more chances to renew before the lease lapses.
+    """
+    if interval is None:
+        return lease / 3
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise InvalidArgumentTypeError(f"interval must be a number of seconds, not {interval!r}", key=key)
+    if not 0 < interval < lease:
+        raise InvalidArgumentError(
+            f"interval must be > 0 and shorter than the lease ({lease}s), not {interval!r}", key=key
+        )
+    return float(interval)
 
 
 @dataclass

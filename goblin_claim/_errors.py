@@ -9,6 +9,9 @@ claim's ``key`` (``None`` only when the key itself was the bad argument)::
     ├── ClaimLostError            this token no longer holds the claim
     ├── StillInFlightError        wait() reached its deadline, the work is still running
     ├── PayloadMismatchError      same key, different arguments (the decorator)
+    ├── ReplayedError             a duplicate of a call that failed with a stored error
+    ├── ResultNotSerializableError (also a TypeError) a result pydantic cannot store
+    ├── UnreadableResultError     result_key holds something the decorator did not write
     ├── NativeUnavailableError    native="always" on a server without GOBLIN.CLAIM
     └── ServerError               Redis refused or failed a command
         ├── WrongTypeError        a claim or result key holds a non-string value
@@ -28,8 +31,11 @@ __all__ = [
     "InvalidArgumentTypeError",
     "NativeUnavailableError",
     "PayloadMismatchError",
+    "ReplayedError",
+    "ResultNotSerializableError",
     "ServerError",
     "StillInFlightError",
+    "UnreadableResultError",
     "WrongTypeError",
 ]
 
@@ -78,6 +84,42 @@ class StillInFlightError(GoblinClaimError):
 
 class PayloadMismatchError(GoblinClaimError):
     """The same key was used with different arguments."""
+
+
+class ReplayedError(GoblinClaimError):
+    """The first call failed with an error the decorator stores (``replay_errors=``).
+
+    Duplicates raise this instead of running the function again. The original
+    exception is data here, never an unpickled object.
+
+    Attributes:
+        type_name: The original exception's qualified class name (``module.Class``).
+        message: ``str()`` of the original exception.
+        fields: Its JSON-serializable attributes.
+    """
+
+    def __init__(
+        self, message: str, *, key: str | None = None, type_name: str, error_message: str, fields: dict[str, object]
+    ) -> None:
+        super().__init__(message, key=key)
+        self.type_name = type_name
+        self.message = error_message
+        self.fields = fields
+
+
+class ResultNotSerializableError(GoblinClaimError, TypeError):
+    """The function's result cannot be stored as JSON for its return annotation.
+
+    The claim was released and nothing was stored.
+    """
+
+
+class UnreadableResultError(GoblinClaimError):
+    """``result_key`` holds a value that is not a goblin-claim result envelope.
+
+    Another writer used the key, or the return annotation changed since the
+    value was stored; nothing was run.
+    """
 
 
 class NativeUnavailableError(GoblinClaimError):

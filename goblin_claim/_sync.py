@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Union
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from ._core import CLAIM, COMPLETE, EXTEND, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script
+from ._core import CLAIM, COMPLETE, EXTEND, PEEK, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script
+from ._keepalive import KeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
     PROBE_ARGS,
@@ -164,6 +165,25 @@ class Claim(ClaimBase["SyncClient"]):
             if delay is None:
                 raise schedule.expired()
             time.sleep(delay)
+
+    def keep_alive(self, interval: float | None = None) -> KeepAlive:
+        """Renew the lease in the background while a block runs (a daemon thread).
+
+        Renews every ``interval`` seconds (default: a third of the lease) and stops
+        when the block exits. A renewal that finds the claim lost stops and sets
+        ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing.
+
+        Example::
+
+            with claim.keep_alive():
+                result = long_work()
+            claim.complete(result)
+        """
+        return KeepAlive(self, interval)
+
+    def _peek(self) -> object:
+        """The claim key's current value (the holder's token), or ``None``."""
+        return self._call(PEEK, (self.claim_key,), self.claim_key)
 
     # -- the one round trip
 

@@ -25,7 +25,7 @@ from goblin_claim import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "GoblinClaimError",
+PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "idempotent", "GoblinClaimError",
           "ClaimLostError", "StillInFlightError", "PayloadMismatchError"]  # fmt: skip
 
 
@@ -61,12 +61,12 @@ def test_sync_and_async_handles_mirror_each_other() -> None:
     """Claim and AsyncClaim have the same public methods, signatures and docstrings; async ones are coroutines."""
     sync, asyn = _public_methods(Claim), _public_methods(AsyncClaim)
     assert sync.keys() == asyn.keys()
-    assert {"acquire", "complete", "extend", "release", "wait", "from_keys"} <= sync.keys()
+    assert {"acquire", "complete", "extend", "release", "wait", "from_keys", "keep_alive"} <= sync.keys()
     for name in [*sync, "__init__"]:
         sync_member, async_member = getattr(Claim, name), getattr(AsyncClaim, name)
         assert _shape(sync_member) == _shape(async_member), name
         assert inspect.getdoc(sync_member) == inspect.getdoc(async_member), name
-    for name in sync.keys() - {"from_keys"}:
+    for name in sync.keys() - {"from_keys", "keep_alive"}:
         assert inspect.iscoroutinefunction(asyn[name]), name
         assert not inspect.iscoroutinefunction(sync[name]), name
 

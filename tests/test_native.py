@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, NativeUnavailableError
-from goblin_claim._core import NATIVE_COMMANDS
+from goblin_claim._core import NATIVE_COMMANDS, SCRIPTS
 from goblin_claim._server import state_of
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique
@@ -184,7 +184,7 @@ def test_first_use_probes_and_loads_in_one_round_trip(standalone_client: redis.R
     Claim(client, unique()).acquire()
     stats = commandstats(standalone_client)
     assert stats.get("command|info") == 1
-    assert stats.get("script|load") == 4
+    assert stats.get("script|load") == len(SCRIPTS)
     assert stats.get("evalsha") == 2
     client.close()
 
