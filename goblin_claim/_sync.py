@@ -167,10 +167,11 @@ class Claim(ClaimBase["SyncClient"]):
             time.sleep(delay)
 
     def keep_alive(self, interval: float | None = None) -> KeepAlive:
-        """Renew the lease in the background while a block runs (a daemon thread).
+        """Renew the lease in the background while a block runs.
 
-        Renews every ``interval`` seconds (default: a third of the lease) and stops
-        when the block exits. A renewal that finds the claim lost stops and sets
+        Renews every ``interval`` seconds (default: a third of the lease) from a
+        daemon thread (``Claim``) or a task (``AsyncClaim``), and stops when the
+        block exits. A renewal that finds the claim lost stops and sets
         ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing.
 
         Example::

@@ -27,7 +27,6 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ("    from redis import Redis\n", "    from redis.asyncio import Redis\n"),
     ("SyncClient", "AsyncClient"),
     ("KeepAlive", "AsyncKeepAlive"),
-    ("(a daemon thread)", "(an asyncio task)"),
     ("            with claim.keep_alive():\n                result = long_work()\n            claim.complete(result)",
      "            async with claim.keep_alive():\n                result = await long_work()\n            await claim.complete(result)"),
     ("    def _peek(", "    async def _peek("),
