@@ -19,7 +19,7 @@ import hashlib
 import json
 from typing import Annotated, Any, Generic, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ._errors import InvalidArgumentTypeError, ReplayedError, ResultNotSerializableError, UnreadableResultError
@@ -84,12 +84,15 @@ class Codec(Generic[T]):
     """
 
     def __init__(self, return_type: Any) -> None:
-        self._value: TypeAdapter[T] = TypeAdapter(return_type)
-        envelope = Annotated[
-            Union[ResultEnvelope[return_type], ErrorEnvelope],  # noqa: UP007
-            Field(discriminator="kind"),
-        ]
-        self._envelope: TypeAdapter[ResultEnvelope[T] | ErrorEnvelope] = TypeAdapter(envelope)
+        try:
+            self._value: TypeAdapter[T] = TypeAdapter(return_type)
+            envelope = Annotated[
+                Union[ResultEnvelope[return_type], ErrorEnvelope],  # noqa: UP007
+                Field(discriminator="kind"),
+            ]
+            self._envelope: TypeAdapter[ResultEnvelope[T] | ErrorEnvelope] = TypeAdapter(envelope)
+        except PydanticUserError as exc:  # schema errors too: a type pydantic cannot store
+            raise InvalidArgumentTypeError(f"cannot store results of type {return_type!r}: {exc}") from exc
 
     def encode_result(self, value: T, fp: str | None, key: str) -> bytes:
         """The envelope of a result.

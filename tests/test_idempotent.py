@@ -1,0 +1,707 @@
+"""@idempotent on every backend, for def and async def.
+
+Results and their types, keys, fingerprints, failure policy, waiting and lease renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import functools
+import inspect
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from typing import Any, Optional, Union
+
+import pydantic
+import pytest
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
+
+from goblin_claim import (
+    ClaimLostError,
+    PayloadMismatchError,
+    ReplayedError,
+    ResultNotSerializableError,
+    StillInFlightError,
+    UnreadableResultError,
+    idempotent,
+)
+from goblin_claim.testing import fake_async_redis, fake_redis
+from tests.conftest import Backend, Runner, unique
+
+
+class Receipt(pydantic.BaseModel):
+    """A pydantic result."""
+
+    txn: str
+    amount: Decimal
+    at: datetime.datetime
+
+
+@dataclasses.dataclass
+class Point:
+    """A dataclass result."""
+
+    x: int
+    y: int
+
+
+class Movie(TypedDict):
+    """A TypedDict result."""
+
+    title: str
+    year: int
+
+
+class CardDeclined(Exception):
+    """A business error worth replaying."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(f"card declined: {code}")
+        self.code = code
+
+
+@dataclasses.dataclass
+class Deco:
+    """Decorates a plain function for one kind (sync or async) and calls it synchronously."""
+
+    kind: str
+    client: Any
+    raw: Any
+    run: Runner | None
+
+    def __call__(self, body: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        """``body`` decorated with ``@idempotent(client, **options)``, callable from sync test code."""
+        options.setdefault("namespace", unique("ns"))
+        if self.run is None:
+            return idempotent(self.client, **options)(body)
+
+        async def as_async(*args: Any, **kwargs: Any) -> Any:
+            return body(*args, **kwargs)
+
+        as_async.__signature__ = inspect.signature(body)  # type: ignore[attr-defined]
+        as_async.__annotations__ = body.__annotations__
+        decorated = idempotent(self.client, **options)(as_async)
+        run = self.run
+        return functools.wraps(body)(lambda *a, **kw: run(decorated(*a, **kw)))
+
+
+@pytest.fixture(params=["sync", "async"])
+def deco(request: pytest.FixtureRequest, backend: Backend) -> Iterator[Deco]:
+    """The decorator on the backend under test, for def and async def."""
+    raw = backend.sync()
+    if request.param == "sync":
+        yield Deco("sync", raw, raw, None)
+        return
+    run = Runner()
+
+    async def make() -> Any:
+        return backend.async_()
+
+    client = run(make())
+    yield Deco("async", client, raw, run)
+    run(client.aclose())
+    run.close()
+
+
+def counter() -> tuple[list[Any], Callable[[Any], None]]:
+    """A list of calls and a function recording one."""
+    calls: list[Any] = []
+    return calls, calls.append
+
+
+# --------------------------------------------------------------------------- results and types
+
+
+def test_first_call_runs_duplicates_replay(deco: Deco) -> None:
+    """The first call runs the function; duplicates get an equal result without running it."""
+    calls, record = counter()
+
+    def charge(order_id: str, amount: int) -> dict[str, Any]:
+        record(order_id)
+        return {"order": order_id, "amount": amount}
+
+    wrapped = deco(charge, key="order_id")
+    first = wrapped("o-1", 5)
+    assert [wrapped("o-1", 5) for _ in range(3)] == [first] * 3
+    assert calls == ["o-1"]
+    assert wrapped("o-2", 5) == {"order": "o-2", "amount": 5}
+    assert calls == ["o-1", "o-2"]
+
+
+def test_none_result_is_replayed_not_in_flight(deco: Deco) -> None:
+    """A function returning None completes: duplicates get None at once instead of waiting."""
+    calls, record = counter()
+
+    def notify(event: str) -> None:
+        record(event)
+
+    wrapped = deco(notify, key="event", wait=0)
+    assert wrapped("e") is None
+    assert wrapped("e") is None
+    assert calls == ["e"]
+
+
+NOW = datetime.datetime(2026, 11, 29, 12, 30, tzinfo=datetime.timezone.utc)
+TYPED_RESULTS: list[tuple[Any, Any]] = [
+    (Receipt, Receipt(txn="txn_551", amount=Decimal("12.50"), at=NOW)),
+    (Point, Point(1, 2)),
+    (Movie, Movie(title="Brazil", year=1985)),
+    (dict[str, int], {"a": 1}),
+    (list[int], [1, 2, 3]),
+    (int, 7),
+    (float, 0.1),
+    (str, "héllo"),
+    (bool, False),
+    (type(None), None),
+    (datetime.datetime, NOW),
+    (datetime.date, NOW.date()),
+    (Decimal, Decimal("3.14159")),
+    (uuid.UUID, uuid.UUID("12345678-1234-5678-1234-567812345678")),
+    (Optional[int], None),  # noqa: UP045 -- the Optional spelling is the point here
+    (Optional[int], 5),  # noqa: UP045
+    (Union[int, str], "x"),  # noqa: UP007
+    (list[Receipt], [Receipt(txn="a", amount=Decimal(1), at=NOW)]),
+]
+
+
+@pytest.mark.parametrize(("annotation", "value"), TYPED_RESULTS, ids=[repr(v)[:30] for _, v in TYPED_RESULTS])
+def test_typed_results_round_trip(deco: Deco, annotation: Any, value: Any) -> None:
+    """Every supported return type comes back equal (and of the same type) to duplicates."""
+
+    def work(k: str) -> Any:
+        return value
+
+    work.__annotations__ = {"k": str, "return": annotation}
+    wrapped = deco(work, key="k")
+    assert wrapped("k") == value
+    replayed = wrapped("k")
+    assert replayed == value
+    assert type(replayed) is type(value)
+
+
+def test_unserializable_result_releases_and_stores_nothing(deco: Deco) -> None:
+    """A result pydantic cannot store raises ResultNotSerializableError; the claim is freed, nothing stored."""
+    calls, record = counter()
+    namespace = unique("ns")
+
+    def work(k: str) -> Any:
+        record(k)
+        return object()
+
+    wrapped = deco(work, key="k", namespace=namespace)
+    with pytest.raises(ResultNotSerializableError):
+        wrapped("k")
+    assert deco.raw.exists(f"{namespace}:{{k}}:claim", f"{namespace}:{{k}}:result") == 0
+    with pytest.raises(ResultNotSerializableError):
+        wrapped("k")
+    assert calls == ["k", "k"]
+
+
+def test_result_not_matching_its_annotation_is_refused(deco: Deco) -> None:
+    """A function annotated -> int that returns a str does not store something else."""
+
+    def work(k: str) -> int:
+        return "not an int"  # type: ignore[return-value]
+
+    with pytest.raises(ResultNotSerializableError):
+        deco(work, key="k")("k")
+
+
+def test_foreign_value_at_result_key_is_a_clear_error(deco: Deco) -> None:
+    """A value written by someone else under the result key raises UnreadableResultError, never crashes."""
+    namespace = unique("ns")
+    deco.raw.set(f"{namespace}:{{k}}:claim", "someone", ex=30)
+    deco.raw.set(f"{namespace}:{{k}}:result", "plain text")
+    calls, record = counter()
+
+    def work(k: str) -> str:
+        record(k)
+        return "mine"
+
+    with pytest.raises(UnreadableResultError):
+        deco(work, key="k", namespace=namespace)("k")
+    assert calls == []
+    assert deco.raw.get(f"{namespace}:{{k}}:result") == b"plain text"
+
+
+# --------------------------------------------------------------------------- keys and namespaces
+
+
+def test_key_callable_receives_the_arguments(deco: Deco) -> None:
+    """key= as a function of the arguments picks the idempotency key."""
+    calls, record = counter()
+
+    def work(user: str, request_id: str) -> str:
+        record(request_id)
+        return f"{user}:{request_id}"
+
+    wrapped = deco(work, key=lambda user, request_id: f"{user}/{request_id}")
+    assert wrapped("ann", "r1") == "ann:r1"
+    assert wrapped(user="ann", request_id="r1") == "ann:r1"
+    assert calls == ["r1"]
+
+
+def test_integer_key_parameter_is_accepted(deco: Deco) -> None:
+    """key= naming an int parameter uses its decimal form."""
+    calls, record = counter()
+
+    def work(order_id: int) -> int:
+        record(order_id)
+        return order_id * 2
+
+    wrapped = deco(work, key="order_id")
+    assert wrapped(21) == wrapped(21) == 42
+    assert calls == [21]
+
+
+@pytest.mark.parametrize("bad", ["", None, 3.5])
+def test_bad_key_values_are_refused_before_io(deco: Deco, bad: Any) -> None:
+    """A key function returning an empty or non-str key raises before anything runs."""
+    calls, record = counter()
+
+    def work(k: Any) -> None:
+        record(k)
+
+    with pytest.raises((ValueError, TypeError)):
+        deco(work, key=lambda k: bad)("x")
+    assert calls == []
+
+
+def test_default_namespace_is_module_and_qualname(backend: Backend) -> None:
+    """Without namespace=, keys start with the function's module and qualified name."""
+    client = backend.sync()
+
+    def work(k: str) -> str:
+        return k
+
+    idempotent(client, key="k")(work)("abc")
+    prefix = f"{work.__module__}.{work.__qualname__}:"
+    assert client.get(prefix + "{abc}:claim") is not None
+
+
+# --------------------------------------------------------------------------- fingerprints
+
+
+def test_mismatch_after_completion(deco: Deco) -> None:
+    """The same key with different arguments after completion raises PayloadMismatchError."""
+
+    def charge(order_id: str, amount: int) -> int:
+        return amount
+
+    wrapped = deco(charge, key="order_id")
+    assert wrapped("o", 5) == 5
+    with pytest.raises(PayloadMismatchError) as info:
+        wrapped("o", 6)
+    assert info.value.key == "o"
+    assert wrapped("o", 5) == 5
+
+
+def test_fingerprint_none_and_custom(deco: Deco) -> None:
+    """fingerprint=None never compares; a custom fingerprint compares only what it returns."""
+
+    def charge(order_id: str, amount: int, trace: str = "") -> int:
+        return amount
+
+    loose = deco(charge, key="order_id", fingerprint=None)
+    assert loose("o", 5) == 5
+    assert loose("o", 6) == 5
+    by_amount = deco(charge, key="order_id", fingerprint=lambda order_id, amount, trace="": str(amount))
+    assert by_amount("p", 5, trace="t1") == 5
+    assert by_amount("p", 5, trace="t2") == 5
+    with pytest.raises(PayloadMismatchError):
+        by_amount("p", 7)
+
+
+def test_set_arguments_fingerprint_stably(deco: Deco) -> None:
+    """Equal sets and dicts in another order count as the same arguments."""
+
+    def tag(k: str, tags: set[str], meta: dict[str, int]) -> int:
+        return len(tags)
+
+    wrapped = deco(tag, key="k")
+    assert wrapped("k", {"a", "b", "c"}, {"x": 1, "y": 2}) == 3
+    assert wrapped("k", {"c", "b", "a"}, {"y": 2, "x": 1}) == 3
+
+
+def test_unfingerprintable_arguments_are_a_clear_error(deco: Deco) -> None:
+    """Arguments that cannot be turned into JSON ask for fingerprint=, before anything runs."""
+
+    def work(k: str, thing: object) -> None:
+        return None
+
+    with pytest.raises(TypeError, match="fingerprint"):
+        deco(work, key="k")("k", object())
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_exception_releases_so_a_retry_runs_at_once(deco: Deco) -> None:
+    """By default an exception releases the claim and re-raises; the next call runs again."""
+    calls, record = counter()
+
+    def flaky(k: str) -> str:
+        record(k)
+        if len(calls) == 1:
+            raise RuntimeError("provider down")
+        return "ok"
+
+    wrapped = deco(flaky, key="k", wait=0)
+    with pytest.raises(RuntimeError, match="provider down"):
+        wrapped("k")
+    assert wrapped("k") == "ok"
+    assert wrapped("k") == "ok"
+    assert calls == ["k", "k"]
+
+
+def test_replayed_errors_are_stored_as_data(deco: Deco) -> None:
+    """An exception listed in replay_errors is stored; duplicates get ReplayedError carrying it."""
+    calls, record = counter()
+
+    def charge(k: str) -> str:
+        record(k)
+        raise CardDeclined("insufficient_funds")
+
+    wrapped = deco(charge, key="k", replay_errors=(CardDeclined,))
+    with pytest.raises(CardDeclined):
+        wrapped("k")
+    with pytest.raises(ReplayedError) as info:
+        wrapped("k")
+    assert calls == ["k"]
+    assert info.value.type_name == f"{__name__}.CardDeclined"
+    assert info.value.message == "card declined: insufficient_funds"
+    assert info.value.fields == {"code": "insufficient_funds"}
+
+
+# --------------------------------------------------------------------------- decoration-time checks
+
+
+def test_sync_async_mismatch_is_a_type_error_at_decoration() -> None:
+    """A coroutine function with a sync client, or a def with an asyncio client, fails at decoration."""
+
+    async def async_work(k: str) -> None:
+        return None
+
+    def sync_work(k: str) -> None:
+        return None
+
+    with pytest.raises(TypeError, match=r"asyncio client .*redis\.asyncio\.Redis"):
+        idempotent(fake_redis(native=False), key="k")(async_work)
+    with pytest.raises(TypeError, match="async def"):
+        idempotent(fake_async_redis(native=False), key="k")(sync_work)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"key": "missing"}, {"key": 5}, {"key": "k", "lease": 0}, {"key": "k", "ttl": "30"}, {"key": "k", "wait": -1},
+     {"key": "k", "namespace": "a{b"}, {"key": "k", "replay_errors": ValueError}, {"key": "k", "native": "x"}],
+    ids=str,
+)  # fmt: skip
+def test_bad_options_fail_at_decoration(options: dict[str, Any]) -> None:
+    """Unknown parameters, bad leases, waits, namespaces and error lists fail when decorating."""
+
+    def work(k: str) -> None:
+        return None
+
+    with pytest.raises((TypeError, ValueError)):
+        idempotent(fake_redis(native=False), **options)(work)
+
+
+def test_decorated_function_keeps_its_signature() -> None:
+    """functools.wraps keeps the name, docstring and signature for tools and type checkers."""
+
+    def charge(order_id: str, amount: int) -> int:
+        """Charge a card."""
+        return amount
+
+    wrapped = idempotent(fake_redis(native=False), key="order_id")(charge)
+    assert wrapped.__name__ == "charge"
+    assert wrapped.__doc__ == "Charge a card."
+    assert inspect.signature(wrapped) == inspect.signature(charge)
+
+
+# --------------------------------------------------------------------------- in flight (threads / tasks)
+
+
+def test_in_flight_duplicate_waits_and_gets_the_result(backend: Backend) -> None:
+    """While the first call runs, a duplicate waits and gets its result; wait=0 raises at once."""
+    client = backend.sync()
+    started, release = threading.Event(), threading.Event()
+    calls, record = counter()
+
+    def slow(k: str) -> str:
+        record(k)
+        started.set()
+        release.wait(10)
+        return "slow-result"
+
+    namespace = unique("ns")
+    wrapped = idempotent(client, key="k", namespace=namespace, wait=10)(slow)
+    impatient = idempotent(client, key="k", namespace=namespace, wait=0)(slow)
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(wrapped("k")))
+    first.start()
+    assert started.wait(10)
+    with pytest.raises(StillInFlightError):
+        impatient("k")
+    second = threading.Thread(target=lambda: results.append(wrapped("k")))
+    second.start()
+    time.sleep(0.2)
+    release.set()
+    first.join()
+    second.join()
+    assert results == ["slow-result", "slow-result"]
+    assert calls == ["k"]
+
+
+def test_in_flight_mismatch_is_detected(backend: Backend) -> None:
+    """A duplicate with different arguments while the first call runs raises PayloadMismatchError."""
+    client = backend.sync()
+    started, release = threading.Event(), threading.Event()
+
+    def slow(k: str, amount: int) -> int:
+        started.set()
+        release.wait(10)
+        return amount
+
+    wrapped = idempotent(client, key="k", namespace=unique("ns"), wait=5)(slow)
+    thread = threading.Thread(target=wrapped, args=("k", 1))
+    thread.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(PayloadMismatchError):
+            wrapped("k", 2)
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_async_cancellation_releases_the_claim(backend: Backend) -> None:
+    """A cancelled async call gives its claim back, so the next call runs at once."""
+
+    async def scenario() -> list[str]:
+        client = backend.async_()
+        calls: list[str] = []
+        started = asyncio.Event()
+
+        async def work(k: str) -> str:
+            calls.append(k)
+            started.set()
+            await asyncio.sleep(30 if len(calls) == 1 else 0)
+            return "second"
+
+        wrapped = idempotent(client, key="k", namespace=unique("ns"), wait=0)(work)
+        task = asyncio.create_task(wrapped("k"))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await wrapped("k") == "second"
+        await client.aclose()
+        return calls
+
+    assert asyncio.run(scenario()) == ["k", "k"]
+
+
+def test_async_in_flight_duplicates_wait(backend: Backend) -> None:
+    """Async duplicates arriving while the first call runs all get its result; it runs once."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        client = backend.async_()
+        calls: list[str] = []
+
+        async def work(k: str) -> str:
+            calls.append(k)
+            await asyncio.sleep(0.3)
+            return f"done:{k}"
+
+        wrapped = idempotent(client, key="k", namespace=unique("ns"), wait=10)(work)
+        results = await asyncio.gather(*(wrapped("k") for _ in range(20)))
+        await client.aclose()
+        return calls, list(results)
+
+    calls, results = asyncio.run(scenario())
+    assert calls == ["k"]
+    assert results == ["done:k"] * 20
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_keep_alive_carries_work_longer_than_the_lease(backend: Backend) -> None:
+    """Work lasting four leases runs once while duplicates wait, thanks to renewal."""
+    client = backend.sync()
+    calls, record = counter()
+    started = threading.Event()
+
+    def long_work(k: str) -> str:
+        record(k)
+        started.set()
+        time.sleep(4)
+        return "long"
+
+    wrapped = idempotent(client, key="k", namespace=unique("ns"), lease=1, wait=10)(long_work)
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(wrapped("k")))]
+    threads[0].start()
+    assert started.wait(10)
+    threads += [threading.Thread(target=lambda: results.append(wrapped("k"))) for _ in range(3)]
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == ["k"]
+    assert results == ["long"] * 4
+
+
+def test_without_keep_alive_the_stale_owner_loses(backend: Backend) -> None:
+    """Renewal off: a waiter takes over after the lease; the stale owner gets ClaimLostError with its result."""
+    client = backend.sync()
+    calls, record = counter()
+    started = threading.Event()
+
+    def long_work(k: str) -> str:
+        record(k)
+        run = len(calls)
+        started.set()
+        time.sleep(3 if run == 1 else 0)
+        return f"run-{run}"
+
+    namespace = unique("ns")
+    wrapped = idempotent(client, key="k", namespace=namespace, lease=1, wait=10, keep_alive=False)(long_work)
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            wrapped("k")
+        except ClaimLostError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert started.wait(10)
+    assert wrapped("k") == "run-2"  # waited past the lease, took over, ran
+    thread.join()
+    assert len(errors) == 1
+    assert errors[0].result == "run-1"
+    assert wrapped("k") == "run-2"  # the stale result overwrote nothing
+    assert calls == ["k", "k"]
+
+
+def test_keep_alive_marks_a_lost_claim(driver_kind: str, backend: Backend) -> None:
+    """A renewal that finds the claim gone stops, sets lost, and complete() then raises and writes nothing."""
+    from goblin_claim import AsyncClaim, Claim
+
+    if driver_kind == "sync":
+        client = backend.sync()
+        claim = Claim(client, unique(), lease=3)
+        claim.acquire()
+        with claim.keep_alive(interval=0.2) as keeper:
+            client.delete(claim.claim_key)  # as if the lease had lapsed
+            time.sleep(0.6)
+        assert keeper.lost
+        with pytest.raises(ClaimLostError):
+            claim.complete(b"late")
+        assert client.exists(claim.result_key) == 0
+        return
+
+    async def scenario() -> None:
+        client = backend.async_()
+        claim = AsyncClaim(client, unique(), lease=3)
+        await claim.acquire()
+        async with claim.keep_alive(interval=0.2) as keeper:
+            await client.delete(claim.claim_key)
+            await asyncio.sleep(0.6)
+        assert keeper.lost
+        with pytest.raises(ClaimLostError):
+            await claim.complete(b"late")
+        assert await client.exists(claim.result_key) == 0
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_keep_alive_renews(driver_kind: str, backend: Backend) -> None:
+    """The keep-alive renews about every third of the lease and leaves the claim held."""
+    from goblin_claim import AsyncClaim, Claim
+
+    if driver_kind == "sync":
+        client = backend.sync()
+        claim = Claim(client, unique(), lease=1)
+        claim.acquire()
+        with claim.keep_alive() as keeper:
+            time.sleep(2.2)
+        assert not keeper.lost
+        assert keeper.renewals >= 4
+        assert client.get(claim.claim_key) == claim.token.encode()
+        return
+
+    async def scenario() -> None:
+        client = backend.async_()
+        claim = AsyncClaim(client, unique(), lease=1)
+        await claim.acquire()
+        async with claim.keep_alive() as keeper:
+            await asyncio.sleep(2.2)
+        assert not keeper.lost
+        assert keeper.renewals >= 4
+        assert await client.get(claim.claim_key) == claim.token.encode()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(params=["sync", "async"])
+def driver_kind(request: pytest.FixtureRequest) -> str:
+    """The driver kind: "sync" or "async"."""
+    return str(request.param)
+
+
+def test_round_trips_counted_on_real_redis(redis_standalone: Any) -> None:
+    """MONITOR shows a first call sending 2 commands (claim, complete) and a completed duplicate exactly 1."""
+    client = redis_standalone.client()
+
+    def work(k: str) -> str:
+        return "v"
+
+    wrapped = idempotent(client, key="k", namespace=unique("ns"))(work)
+    wrapped("warm-up")  # the client's one-time probe and SCRIPT LOAD
+    first = monitored(redis_standalone, lambda: wrapped("first"))
+    duplicate = monitored(redis_standalone, lambda: wrapped("first"))
+    client.close()
+    assert [name for name, _ in first] == ["EVALSHA", "EVALSHA"]
+    assert [name for name, _ in duplicate] == ["EVALSHA"]
+
+
+def monitored(server: Any, action: Callable[[], Any]) -> list[tuple[str, str]]:
+    """The commands clients sent while ``action`` ran (scripts' inner commands excluded), via MONITOR."""
+    sentinel = f"end-{unique()}"
+    admin = server.client()
+    admin.ping()  # connected before MONITOR starts, so its handshake is not counted
+    seen: list[tuple[str, str]] = []
+    ready = threading.Event()
+    watcher = server.client()
+
+    def watch() -> None:
+        with watcher.monitor() as monitor:
+            ready.set()
+            for entry in monitor.listen():
+                if sentinel in entry["command"]:
+                    return
+                if entry.get("client_type") != "lua":
+                    seen.append((entry["command"].split()[0].upper(), entry["command"]))
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    assert ready.wait(10)
+    time.sleep(0.1)  # MONITOR is registered once its OK was read
+    action()
+    admin.echo(sentinel)
+    thread.join(10)
+    admin.close()
+    watcher.close()
+    return seen
