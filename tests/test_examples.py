@@ -41,3 +41,25 @@ def test_payment_webhook_on_a_real_server(redis_standalone: RedisProcess) -> Non
     assert f"127.0.0.1:{redis_standalone.port}" in output
     for step in STEPS:
         assert step in output, step
+
+
+HANDLERS = {
+    "webhook_handler.py": ["redelivery", "1 distinct receipt(s)", "PayloadMismatchError", "['evt88', 'evt89']"],
+    "async_http_handler.py": ["status=409", "status=201", "status=422", "status=400", "['k-1', 'k-1']"],
+}
+
+
+def test_handler_examples_on_the_embedded_fake() -> None:
+    """The decorator examples (sync webhook, async HTTP-style handler) run and print what they promise."""
+    for script, expected in HANDLERS.items():
+        output = _run(script, REDIS_URL="")
+        for text in expected:
+            assert text in output, (script, text)
+
+
+def test_handler_examples_on_a_real_server(redis_standalone: RedisProcess) -> None:
+    """The decorator examples run unchanged against a real server through REDIS_URL."""
+    for script, expected in HANDLERS.items():
+        output = _run(script, REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
+        for text in expected:
+            assert text in output, (script, text)
