@@ -132,6 +132,15 @@ def check_seconds(name: str, value: object) -> int:
     return value
 
 
+def check_timeout(name: str, value: object, key: str | None = None) -> float:
+    """Return ``value`` as float seconds if it is a number >= 0 (not a bool, not NaN), else raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentTypeError(f"{name} must be a number of seconds, not {value!r}", key=key)
+    if not value >= 0:  # also refuses NaN
+        raise InvalidArgumentError(f"{name} must be >= 0, not {value!r}", key=key)
+    return float(value)
+
+
 def _check_text(name: str, value: object) -> str:
     if type(value) is not str:
         raise InvalidArgumentTypeError(f"{name} must be a str, not {type(value).__name__} {value!r}")
@@ -330,13 +339,12 @@ def renew_interval(lease: int, interval: object, key: str) -> float:
     """
     if interval is None:
         return lease / 3
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-        raise InvalidArgumentTypeError(f"interval must be a number of seconds, not {interval!r}", key=key)
-    if not 0 < interval < lease:
+    seconds = check_timeout("interval", interval, key)
+    if not 0 < seconds < lease:
         raise InvalidArgumentError(
             f"interval must be > 0 and shorter than the lease ({lease}s), not {interval!r}", key=key
         )
-    return float(interval)
+    return seconds
 
 
 @dataclass
@@ -367,11 +375,7 @@ class WaitSchedule:
     __slots__ = ("_attempt", "_backoff", "_deadline", "_key", "_timeout")
 
     def __init__(self, timeout: float, key: str, backoff: Backoff | None = None) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise InvalidArgumentTypeError(f"timeout must be a number of seconds, not {timeout!r}", key=key)
-        if not timeout >= 0:  # also refuses NaN
-            raise InvalidArgumentError(f"timeout must be >= 0, not {timeout!r}", key=key)
-        self._timeout = float(timeout)
+        self._timeout = check_timeout("timeout", timeout, key)
         self._key = key
         self._backoff = backoff or Backoff()
         self._attempt = 0

@@ -27,12 +27,11 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from ._async import AsyncClaim
-from ._core import DONE_PREFIX, NativeMode, check_namespace, check_native, check_seconds, new_token
+from ._core import DONE_PREFIX, NativeMode, check_namespace, check_native, check_seconds, check_timeout, new_token
 from ._envelope import Codec, ErrorEnvelope, fingerprint_of, replayed
 from ._errors import (
     ClaimLostError,
     GoblinClaimError,
-    InvalidArgumentError,
     InvalidArgumentTypeError,
     PayloadMismatchError,
     ResultNotSerializableError,
@@ -168,11 +167,7 @@ class _Spec:
         self.key = key
         self.lease = check_seconds("lease", lease)
         self.ttl = check_seconds("ttl", ttl)
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-            raise InvalidArgumentTypeError(f"wait must be a number of seconds, not {wait!r}")
-        if not wait >= 0:
-            raise InvalidArgumentError(f"wait must be >= 0, not {wait!r}")
-        self.wait = float(wait)
+        self.wait = check_timeout("wait", wait)
         self.namespace = check_namespace(namespace or f"{func.__module__}.{func.__qualname__}")
         if fingerprint is not None and fingerprint is not ALL_ARGUMENTS and not callable(fingerprint):
             raise InvalidArgumentTypeError(f"fingerprint must be a function, None or left out, not {fingerprint!r}")

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncKeepAlive", "KeepAlive"]
 
 
-class KeepAlive:
-    """Renews a ``Claim``'s lease from a daemon thread while the ``with`` block runs.
+class _Renewer:
+    """What both keep-alives share.
 
     Attributes:
         interval: Seconds between renewals.
@@ -33,11 +33,18 @@ class KeepAlive:
         renewals: How many renewals succeeded.
     """
 
-    def __init__(self, claim: Claim, interval: float | None = None) -> None:
-        self._claim = claim
+    def __init__(self, claim: Claim | AsyncClaim, interval: float | None) -> None:
         self.interval = renew_interval(claim.lease, interval, claim.key)
         self.lost = False
         self.renewals = 0
+
+
+class KeepAlive(_Renewer):
+    """Renews a ``Claim``'s lease from a daemon thread while the ``with`` block runs."""
+
+    def __init__(self, claim: Claim, interval: float | None = None) -> None:
+        super().__init__(claim, interval)
+        self._claim = claim
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -67,21 +74,12 @@ class KeepAlive:
             self.renewals += 1
 
 
-class AsyncKeepAlive:
-    """Renews an ``AsyncClaim``'s lease from a task while the ``async with`` block runs.
-
-    Attributes:
-        interval: Seconds between renewals.
-        lost: Set when a renewal found the claim gone; ``complete()`` will then
-            raise ``ClaimLostError``.
-        renewals: How many renewals succeeded.
-    """
+class AsyncKeepAlive(_Renewer):
+    """Renews an ``AsyncClaim``'s lease from a task while the ``async with`` block runs."""
 
     def __init__(self, claim: AsyncClaim, interval: float | None = None) -> None:
+        super().__init__(claim, interval)
         self._claim = claim
-        self.interval = renew_interval(claim.lease, interval, claim.key)
-        self.lost = False
-        self.renewals = 0
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncKeepAlive:
