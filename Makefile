@@ -42,9 +42,11 @@ typecheck: $(STAMP)
 	$(BIN)/python tools/gen_async.py --check
 
 # pytest exits 5 when it collected no tests: that is a failure here, said out loud.
+# Branch coverage of the package is reported after the run.
 pytest: $(STAMP)
-	@$(BIN)/python -m pytest; status=$$?; \
+	@$(BIN)/python -m coverage run -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no tests: failing" >&2; exit 1; fi; \
+	$(BIN)/python -m coverage report --skip-covered --precision=1 || true; \
 	exit $$status
 
 bench: $(STAMP) redis-server
