@@ -269,9 +269,6 @@ class ClaimBase(Generic[ClientT]):
         if namespace not in _NAMESPACES_SEEN:
             _NAMESPACES_SEEN.add(check_namespace(namespace))
         self.claim_key, self.result_key = build_keys(namespace, key)
-        self._setup(lease, ttl, token, native)
-
-    def _setup(self, lease: int, ttl: int, token: str | None, native: NativeMode) -> None:
         self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
         self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
         self.token = new_token() if token is None else check_token(token)
@@ -288,14 +285,13 @@ class ClaimBase(Generic[ClientT]):
         token: str | None,
         native: NativeMode,
     ) -> ClaimBase[ClientT]:
-        self = cls.__new__(cls)
-        self._client = client
-        self.claim_key = _check_text("claim_key", claim_key)
-        self.result_key = _check_text("result_key", result_key)
+        _check_text("claim_key", claim_key)
+        _check_text("result_key", result_key)
         if claim_key == result_key:
             raise InvalidArgumentError(f"claim_key and result_key must differ: {claim_key!r}")
-        self.key = claim_key
-        self._setup(lease, ttl, token, native)
+        # The usual construction checks everything else; then the exact keys replace the derived ones.
+        self = cls(client, claim_key, lease=lease, ttl=ttl, token=token, native=native)
+        self.claim_key, self.result_key = claim_key, result_key
         return self
 
     def __repr__(self) -> str:

@@ -63,16 +63,21 @@ class ClientState:
     async_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
 
-_STATES: weakref.WeakKeyDictionary[object, ClientState] = weakref.WeakKeyDictionary()
+# Keyed by id() for a cheap lookup on every call; the finalizer drops an entry
+# while its client is being freed, before the id can belong to another object.
+_STATES: dict[int, ClientState] = {}
 _STATES_LOCK = threading.Lock()
 
 
 def state_of(client: object) -> ClientState:
     """The state of ``client``, created on first use and dropped with the client."""
-    state = _STATES.get(client)
+    state = _STATES.get(id(client))
     if state is None:
         with _STATES_LOCK:
-            state = _STATES.setdefault(client, ClientState())
+            state = _STATES.get(id(client))
+            if state is None:
+                state = _STATES[id(client)] = ClientState()
+                weakref.finalize(client, _STATES.pop, id(client), None)
     return state
 
 
