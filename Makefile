@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(SOURCES)
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict goblin_claim tests/typing
+	$(BIN)/mypy --strict goblin_claim tests/typecheck
 	$(BIN)/python tools/gen_async.py --check
 
 # pytest exits 5 when it collected no tests: that is a failure here, said out loud.
