@@ -30,6 +30,7 @@ __all__ = [
     "CLAIMED",
     "COMPLETE",
     "EXTEND",
+    "NATIVE_COMMANDS",
     "PEEK",
     "RELEASE",
     "SCRIPTS",
@@ -38,13 +39,14 @@ __all__ = [
     "Script",
     "WaitSchedule",
     "check_seconds",
+    "native_command",
 ]
 
 NativeMode = Literal["auto", "never", "always"]
 _NATIVE_MODES: Final = ("auto", "never", "always")
 
 CLAIMED: Final = "CLAIMED"
-_CLAIMED_REPLIES: Final = (b"CLAIMED", "CLAIMED")
+_CLAIMED_REPLIES: Final = (CLAIMED.encode(), CLAIMED)
 
 # A lease or ttl above this is refused: Redis rejects expiries that overflow its
 # millisecond clock, and no real claim needs to be held for longer than ~68 years.
@@ -96,23 +98,27 @@ SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK)
 NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
 
 
-def native_choice(mode: NativeMode, available: frozenset[str] | None, key: str) -> frozenset[str]:
-    """Which native commands a handle in ``mode`` uses, given what the server has.
+def native_command(mode: NativeMode, available: frozenset[str] | None, script: Script, key: str) -> str | None:
+    """The native command a call sends instead of ``script``, or ``None`` for the script.
+
+    Args:
+        mode: The handle's ``native`` setting.
+        available: The native commands the server answers (``None`` until probed).
+        script: The script the call would run.
+        key: The handle's key, for the error.
 
     Raises:
-        NativeUnavailableError: ``mode`` is ``"always"`` and a command is missing.
+        NativeUnavailableError: ``mode`` is ``"always"`` and the server lacks a command.
     """
-    if mode == "never" or not available:
-        found: frozenset[str] = frozenset()
-    else:
-        found = available
-    if mode == "always" and not found.issuperset(NATIVE_COMMANDS):
-        missing = ", ".join(c for c in NATIVE_COMMANDS if c not in found)
+    if mode == "auto":  # first: the common case costs one membership test
+        return script.native if available and script.native in available else None
+    if mode == "always" and not (available or frozenset()).issuperset(NATIVE_COMMANDS):
+        missing = ", ".join(c for c in NATIVE_COMMANDS if not available or c not in available)
         raise NativeUnavailableError(
             f'native="always", but the server lacks {missing}; use native="auto" to fall back to scripts',
             key=key,
         )
-    return found
+    return script.native if mode == "always" else None
 
 
 # --------------------------------------------------------------------------- validation

@@ -26,7 +26,7 @@ from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
 
-from ._core import NATIVE_COMMANDS, NativeMode, Script, native_choice
+from ._core import NATIVE_COMMANDS
 from ._errors import ConnectionFailedError, ServerError, WrongTypeError
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "PROBE_COMMAND",
     "ClientState",
     "is_unknown_command",
-    "native_command",
     "native_from_command_table",
     "native_from_probe",
     "state_of",
@@ -95,20 +94,6 @@ def native_from_probe(reply: object) -> frozenset[str]:
 def native_from_command_table(table: Mapping[str, object] | Iterable[str]) -> frozenset[str]:
     """The native commands in a cluster client's command table (lower-case names)."""
     return frozenset(name for name in NATIVE_COMMANDS if name.lower() in table)
-
-
-def native_command(state: ClientState, mode: NativeMode, script: Script, key: str) -> str | None:
-    """The native command this call sends instead of ``script``, if any.
-
-    Raises:
-        NativeUnavailableError: ``mode`` is ``"always"`` and the server lacks the commands.
-    """
-    native = script.native
-    if mode == "never" or native is None:
-        return None
-    if mode == "always":
-        return native if native in native_choice(mode, state.native, key) else None
-    return native if state.native is not None and native in state.native else None
 
 
 def is_unknown_command(exc: BaseException) -> bool:

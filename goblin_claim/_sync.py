@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Union
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from ._core import CLAIM, COMPLETE, EXTEND, PEEK, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script
+from ._core import CLAIM, COMPLETE, EXTEND, PEEK, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script, native_command
 from ._keepalive import KeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -20,7 +20,6 @@ from ._server import (
     PROBE_COMMAND,
     ClientState,
     is_unknown_command,
-    native_command,
     native_from_command_table,
     native_from_probe,
     state_of,
@@ -194,9 +193,7 @@ class Claim(ClaimBase["SyncClient"]):
         try:
             if not state.ready:
                 _prepare(client, state)
-            native = None
-            if state.native or self._native != "auto":  # stock servers skip the native decision
-                native = native_command(state, self._native, script, self.key)
+            native = native_command(self._native, state.native, script, self.key)
             if native is not None:
                 try:
                     # redis-py leaves execute_command untyped on some clients.

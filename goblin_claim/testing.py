@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._core import CLAIMED
+
 try:
     import fakeredis
     from fakeredis import _msgs
@@ -37,7 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 __all__ = ["fake_async_redis", "fake_redis"]
 
-_CLAIMED = b"CLAIMED"
+_CLAIMED = CLAIMED.encode()
 # Largest expiry Redis accepts for SET ... EX at the current time is bounded by
 # its millisecond clock; this mirrors the server's overflow check.
 _MAX_MS = 2**63

@@ -220,10 +220,6 @@ class Driver:
             return Claim.from_keys(self.client, claim_key, result_key, **kwargs)
         return SyncView(AsyncClaim.from_keys(self.client, claim_key, result_key, **kwargs), self.run)
 
-    def tag(self, name: str) -> str:
-        """``name`` under a hash tag of its own (raw keys must share a slot on a cluster)."""
-        return f"{{{name}}}"
-
 
 def _make_driver(kind: str, backend: Backend, **client_kwargs: Any) -> tuple[Driver, Callable[[], None]]:
     raw = backend.sync(**client_kwargs)

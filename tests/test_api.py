@@ -145,3 +145,17 @@ def test_error_tree_is_drawn_in_the_docstring() -> None:
     for name in goblin_claim.__all__:
         if name.endswith("Error"):
             assert name in doc, name
+
+
+def test_decorator_flows_mirror_each_other() -> None:
+    """The sync and async @idempotent flows are the same code but for the async spellings."""
+    source = (ROOT / "goblin_claim" / "_idempotent.py").read_text("utf-8")
+    sync = source[source.index("def _call_sync") : source.index("def _release_quietly(")]
+    asyn = source[source.index("async def _call_async") : source.index("async def _release_quietly_async")]
+    for old, new in [
+        ("async def _call_async", "def _call_sync"), ("await ", ""), ("async with", "with"),
+        ("AsyncClaim(", "Claim("), ("_release_quietly_async", "_release_quietly"),
+        ("  # cancellation included: a retry must not wait for the lease", ""),
+    ]:  # fmt: skip
+        asyn = asyn.replace(old, new)
+    assert asyn == sync

@@ -10,16 +10,22 @@ import pytest
 from redis.crc import key_slot
 
 import goblin_claim
-from goblin_claim import Claimed, Completed, InFlight
+from goblin_claim import Claimed, Completed, InFlight, NativeUnavailableError
 from goblin_claim._core import (
     CLAIM,
+    COMPLETE,
+    NATIVE_COMMANDS,
+    RELEASE,
     SCRIPTS,
     Backoff,
     ClaimBase,
+    NativeMode,
+    Script,
     WaitSchedule,
     build_keys,
     check_seconds,
     check_token,
+    native_command,
 )
 
 
@@ -139,3 +145,27 @@ def test_wait_schedule_refuses_bad_timeouts(timeout: object, error: type[Excepti
     """Negative, NaN and non-numeric timeouts are refused."""
     with pytest.raises(error):
         WaitSchedule(timeout, "k")  # type: ignore[arg-type]
+
+
+ALL_NATIVE = frozenset(NATIVE_COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("mode", "available", "script", "expected"),
+    [("auto", ALL_NATIVE, CLAIM, "GOBLIN.CLAIM"), ("auto", frozenset(), CLAIM, None), ("auto", None, CLAIM, None),
+     ("auto", ALL_NATIVE, COMPLETE, None), ("never", ALL_NATIVE, CLAIM, None),
+     ("always", ALL_NATIVE, CLAIM, "GOBLIN.CLAIM"), ("always", ALL_NATIVE, RELEASE, "GOBLIN.CAD"),
+     ("always", ALL_NATIVE, COMPLETE, None)],
+)  # fmt: skip
+def test_native_command_choice(
+    mode: NativeMode, available: frozenset[str] | None, script: Script, expected: str | None
+) -> None:
+    """Each mode picks the native command only where the server has it and the script has one."""
+    assert native_command(mode, available, script, "k") == expected
+
+
+@pytest.mark.parametrize("available", [None, frozenset(), frozenset({"GOBLIN.CLAIM"})])
+def test_native_always_without_the_commands_raises(available: frozenset[str] | None) -> None:
+    """native="always" on a server missing either command raises, naming what is missing."""
+    with pytest.raises(NativeUnavailableError, match=r"GOBLIN\.CAD"):
+        native_command("always", available, COMPLETE, "k")
