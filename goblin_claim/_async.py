@@ -9,12 +9,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from ._core import CLAIM, COMPLETE, EXTEND, PEEK, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script, native_command
+from ._core import (
+    COMPLETE,
+    EXTEND,
+    FORGET,
+    PEEK,
+    RELEASE,
+    SCRIPTS,
+    ClaimBase,
+    NativeMode,
+    Outcome,
+    Script,
+    native_command,
+)
+from ._errors import InvalidArgumentError
 from ._keepalive import AsyncKeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -32,6 +45,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     AsyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
+    Args = tuple[Union[str, bytes, int], ...]  # noqa: UP007 -- the arguments of one command
 
 __all__ = ["AsyncClaim"]
 
@@ -52,6 +66,13 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         token: The owner's identity stored in the claim key; ``None`` makes a unique one.
         native: ``"auto"`` uses GOBLIN.CLAIM / GOBLIN.CAD where the server has them,
             ``"never"`` always uses the Lua scripts, ``"always"`` requires the commands.
+        fencing: Number the owners: every ``Claimed`` carries a ``fence`` that
+            strictly increases per key (a counter under the same hash tag, set in the
+            claim's round trip; the claim then always runs as a script).
+        replicas: Send ``WAIT replicas replica_timeout_ms`` behind the claim and behind
+            ``complete()``, in the same round trip, and raise ``NotReplicatedError`` when
+            fewer replicas acknowledged the write. ``0`` (the default) does not wait.
+        replica_timeout_ms: How long WAIT waits for the acknowledgements.
 
     Example::
 
@@ -81,18 +102,23 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         ttl: int = 86400,
         token: str | None = None,
         native: NativeMode = "auto",
+        replicas: int = 0,
+        replica_timeout_ms: int = 500,
     ) -> AsyncClaim:
         """A handle on two exact keys, to share them with users of the raw protocol.
 
         On a cluster the two keys must hash to one slot (give them one hash tag).
         The outcomes' ``key`` is ``claim_key``.
         """
-        handle = cls._with_keys(client, claim_key, result_key, lease, ttl, token, native)
+        handle = cls._with_keys(client, claim_key, result_key, lease, ttl, token, native, replicas, replica_timeout_ms)
         assert isinstance(handle, cls)
         return handle
 
     async def acquire(self) -> Claimed | Completed | InFlight:
         """Try to claim the work, in one round trip.
+
+        Safe to send twice: when this handle's token already holds the claim (an
+        earlier reply was lost), the answer is ``Claimed`` again.
 
         Returns:
             ``Claimed`` when this handle now owns the work; ``Completed`` with the
@@ -100,27 +126,35 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             works on it.
 
         Raises:
+            ResultLostError: The work was completed, but its result is gone (evicted).
             WrongTypeError: ``result_key`` holds a non-string value.
             ConnectionFailedError: Redis could not be reached.
+            NotReplicatedError: With ``replicas``: claimed, but not acknowledged in time.
         """
-        args = (self.claim_key, self.result_key, self.token, self.lease)
-        return self._claim_outcome(await self._call(CLAIM, args, self.result_key))
+        return (await self._acquire())[0]
 
     async def complete(self, value: bytes | str) -> None:
         """Store the work's result for ``ttl`` seconds and mark the work done.
 
         Owner-checked and atomic: the result is written only while this token
-        holds the claim, and the claim is kept for ``ttl`` too, so the work stays
-        completed as long as its result lives.
+        holds the claim, or after its lease lapsed while nobody claimed it since;
+        the claim is kept for ``ttl`` too, so the work stays completed as long as
+        its result lives. Safe to send twice: completing again with the same
+        value is a success that writes nothing.
 
         Raises:
             ValueError: ``value`` is the reserved reply ``CLAIMED``.
             TypeError: ``value`` is neither bytes nor str.
-            ClaimLostError: The claim lapsed or was already completed; nothing written.
+            ClaimLostError: Another token holds or completed the claim, or this one
+                completed it with another value; nothing written.
+            NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
         args = self._complete_args(value)
-        if not await self._call(COMPLETE, args, f"{self.claim_key} / {self.result_key}"):
-            raise self._lost("complete")
+        keys = f"{self.claim_key} / {self.result_key}"
+        if self._replicas:
+            self._completed(*await self._call_and_wait(COMPLETE, args, keys))
+        else:
+            self._completed(await self._call(COMPLETE, args, keys))
 
     async def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
@@ -141,6 +175,19 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         return bool(await self._call(RELEASE, (self.claim_key, self.token), self.claim_key))
 
+    async def forget(self) -> bool:
+        """Delete the claim and the result, whoever holds them, in one atomic step.
+
+        For operators: it reopens the key, so the next caller runs the work again
+        (a lost result, a bad stored value). An owner still working on it finds its
+        claim gone: its ``complete()`` then succeeds if nobody claimed the key since.
+
+        Returns:
+            ``True`` when there was a claim or a result to delete.
+        """
+        keys = f"{self.claim_key} / {self.result_key}"
+        return bool(await self._call(FORGET, (self.claim_key, self.result_key), keys))
+
     async def wait(self, timeout: float = 10.0) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
 
@@ -154,6 +201,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
 
         Raises:
             StillInFlightError: Still in flight at the deadline.
+            ResultLostError: The work was completed, but its result is gone.
             ValueError: ``timeout`` is negative.
         """
         schedule = self._wait_schedule(timeout)
@@ -173,7 +221,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         Renews every ``interval`` seconds (default: a third of the lease) from a
         daemon thread (``Claim``) or a task (``AsyncClaim``), and stops when the
         block exits. A renewal that finds the claim lost stops and sets
-        ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing.
+        ``lost``; ``complete()`` then still stores the result if nobody claimed the
+        key since, and raises ``ClaimLostError`` (writing nothing) if someone did.
 
         Example::
 
@@ -183,13 +232,26 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         return AsyncKeepAlive(self, interval)
 
+    async def _acquire(self) -> tuple[Outcome, object]:
+        """The claim's outcome, and what claim_key holds when that is known (the holder's token)."""
+        script, args = self._claim_call()
+        if self._replicas:
+            reply, acknowledged = await self._call_and_wait(script, args, self.result_key)
+            return self._claim_outcome(reply, acknowledged)
+        reply = await self._call(script, args, self.result_key)
+        if reply is None:
+            # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
+            # claim (or a lost result); one read of the holder tells them apart.
+            reply = [await self._peek()]
+        return self._claim_outcome(reply)
+
     async def _peek(self) -> object:
         """The claim key's current value (the holder's token), or ``None``."""
         return await self._call(PEEK, (self.claim_key,), self.claim_key)
 
-    # -- the one round trip
+    # -- the round trips
 
-    async def _call(self, script: Script, args: tuple[str | bytes | int, ...], keys: str) -> object:
+    async def _call(self, script: Script, args: Args, keys: str) -> object:
         client = self._client
         state = state_of(client)
         try:
@@ -213,6 +275,49 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 return await client.eval(script.source, script.numkeys, *args)
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
+
+    async def _call_and_wait(self, script: Script, args: Args, keys: str) -> tuple[object, int]:
+        """Run ``script`` and ``WAIT replicas timeout`` on one connection, in one round trip.
+
+        Always the script: the reply and the WAIT must come from the same connection.
+        """
+        client = self._client
+        state = state_of(client)
+        try:
+            if not state.ready:
+                await _prepare(client, state)
+            reply, acknowledged = await self._pipeline_wait(script, args, source=False)
+            if isinstance(reply, NoScriptError):
+                # Nothing ran, so nothing was waited for: both again, with the source.
+                reply, acknowledged = await self._pipeline_wait(script, args, source=True)
+            for item in (reply, acknowledged):
+                if isinstance(item, Exception):
+                    raise item
+        except (RedisError, RedisClusterException) as exc:
+            raise translate(exc, self.key, keys) from exc
+        return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
+
+    async def _pipeline_wait(self, script: Script, args: Args, *, source: bool) -> list[object]:
+        client = self._client
+        pipe = _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
+        if source:
+            pipe.eval(script.source, script.numkeys, *args)
+        else:
+            pipe.evalsha(script.sha, script.numkeys, *args)
+        pipe.execute_command("WAIT", self._replicas, self._replica_timeout_ms)  # type: ignore[no-untyped-call, unused-ignore]
+        return await pipe.execute(raise_on_error=False)
+
+
+def _node_pipeline(client: RedisCluster, claim: AsyncClaim) -> Any:
+    """A pipeline to the primary of ``claim``'s slot: WAIT counts the writes of its own connection."""
+    # The asyncio cluster client hands each command whichever connection is free,
+    # so a WAIT would not count the claim's write.
+    raise InvalidArgumentError(
+        "replicas= needs one connection for the write and its WAIT, which "
+        "redis.asyncio.cluster.RedisCluster does not offer; "
+        "use it with redis.asyncio.Redis or the sync RedisCluster",
+        key=claim.key,
+    )
 
 
 async def _prepare(client: AsyncClient, state: ClientState) -> None:

@@ -8,28 +8,35 @@ the rules here means one place to read, and unit tests that need no server.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import itertools
 import os
 import random
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
-from typing import Final, Generic, Literal, TypeVar
+from typing import ClassVar, Final, Generic, Literal, TypeVar, Union
 
 from ._errors import (
     ClaimLostError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     NativeUnavailableError,
+    NotReplicatedError,
+    ResultLostError,
     StillInFlightError,
 )
 from ._outcomes import Claimed, Completed, InFlight
 
+Outcome = Union[Claimed, Completed, InFlight]  # noqa: UP007 -- a run-time alias on 3.10
+
 __all__ = [
     "CLAIM",
     "CLAIMED",
+    "CLAIM_FENCED",
     "COMPLETE",
     "EXTEND",
+    "FORGET",
     "NATIVE_COMMANDS",
     "PEEK",
     "RELEASE",
@@ -58,6 +65,11 @@ _NAMESPACES_SEEN: set[str] = set()
 # What complete() leaves in claim_key. It contains a space, which no token may
 # contain, so a completed claim never matches an owner check.
 DONE_PREFIX: Final = "done "
+_DONE_PREFIXES: Final = (DONE_PREFIX.encode(), DONE_PREFIX)  # as bytes and as str
+
+# complete.lua's replies.
+_STORED: Final = 1
+_COMPLETED_OTHERWISE: Final = 2
 
 
 # --------------------------------------------------------------------------- scripts
@@ -90,11 +102,14 @@ class Script:
 
 
 CLAIM: Final = Script.load("claim", 2, native="GOBLIN.CLAIM")
+# The same script with the fence counter as a third key; GOBLIN.CLAIM has no fences.
+CLAIM_FENCED: Final = replace(CLAIM, numkeys=3, native=None)
 COMPLETE: Final = Script.load("complete", 2)
 EXTEND: Final = Script.load("extend", 1)
 RELEASE: Final = Script.load("release", 1, native="GOBLIN.CAD")
 PEEK: Final = Script.load("peek", 1)
-SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK)
+FORGET: Final = Script.load("forget", 2)
+SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK, FORGET)
 NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
 
 
@@ -124,39 +139,63 @@ def native_command(mode: NativeMode, available: frozenset[str] | None, script: S
 # --------------------------------------------------------------------------- validation
 
 
-def check_seconds(name: str, value: object) -> int:
+def describe(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for an error message: shortened, and never raising.
+
+    A bad argument must not break its own error: ``repr`` of an int past Python's
+    digit limit raises ``ValueError``, and a user's ``__repr__`` may raise anything.
+    """
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def check_seconds(name: str, value: object, key: str | None = None) -> int:
     """Return ``value`` if it is a positive int of seconds, else raise.
 
     ``bool`` is refused although it is an ``int``: ``lease=True`` is a bug.
     """
     if type(value) is not int:
         raise InvalidArgumentTypeError(
-            f"{name} must be a positive int of seconds, not {type(value).__name__} {value!r}"
+            f"{name} must be a positive int of seconds, not {type(value).__name__} {describe(value)}", key=key
         )
     if not 0 < value <= MAX_SECONDS:
-        raise InvalidArgumentError(f"{name} must be a positive int of seconds (at most {MAX_SECONDS}), not {value!r}")
+        raise InvalidArgumentError(
+            f"{name} must be a positive int of seconds (at most {MAX_SECONDS}), not {describe(value)}", key=key
+        )
     return value
 
 
 def check_timeout(name: str, value: object, key: str | None = None) -> float:
-    """Return ``value`` as float seconds if it is a number >= 0 (not a bool, not NaN), else raise."""
+    """Return ``value`` as float seconds if it is a number from 0 to ``MAX_SECONDS`` (not a bool), else raise.
+
+    NaN, infinities and numbers too big for a float are refused: a deadline must exist.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentTypeError(f"{name} must be a number of seconds, not {value!r}", key=key)
-    if not value >= 0:  # also refuses NaN
-        raise InvalidArgumentError(f"{name} must be >= 0, not {value!r}", key=key)
+        raise InvalidArgumentTypeError(
+            f"{name} must be a number of seconds, not {type(value).__name__} {describe(value)}", key=key
+        )
+    if not 0 <= value <= MAX_SECONDS:  # also refuses NaN, infinities and ints past float's range
+        raise InvalidArgumentError(
+            f"{name} must be a number of seconds from 0 to {MAX_SECONDS}, not {describe(value)}", key=key
+        )
     return float(value)
 
 
-def _check_text(name: str, value: object) -> str:
+def _check_text(name: str, value: object, key: str | None = None) -> str:
     if type(value) is not str:
-        raise InvalidArgumentTypeError(f"{name} must be a str, not {type(value).__name__} {value!r}")
+        raise InvalidArgumentTypeError(f"{name} must be a str, not {type(value).__name__} {describe(value)}", key=key)
     if not value:
-        raise InvalidArgumentError(f"{name} must not be empty")
+        raise InvalidArgumentError(f"{name} must not be empty", key=key)
     if not value.isascii():
         try:
             value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidArgumentError(f"{name} is not encodable as UTF-8: {value!r}") from exc
+        except UnicodeEncodeError as exc:  # a lone surrogate
+            raise InvalidArgumentError(
+                f"{name} is not encodable as UTF-8 (a lone surrogate?): {describe(value)}", key=key
+            ) from exc
     return value
 
 
@@ -165,21 +204,52 @@ def check_namespace(value: object) -> str:
     namespace = _check_text("namespace", value)
     if "{" in namespace or "}" in namespace:
         # Braces would move the cluster hash tag away from the claim's own key.
-        raise InvalidArgumentError(f"namespace must not contain braces: {namespace!r}")
+        raise InvalidArgumentError(f"namespace must not contain braces: {describe(namespace)}")
     return namespace
 
 
 def check_token(value: object) -> str:
     """Return a valid token: a non-empty str of printable characters without whitespace."""
     token = _check_text("token", value)
-    if not token.isprintable() or any(c.isspace() for c in token):
-        raise InvalidArgumentError(f"token must be printable and contain no whitespace: {token!r}")
+    # Every whitespace character but the space is also unprintable.
+    if not token.isprintable() or " " in token:
+        raise InvalidArgumentError(f"token must be printable and contain no whitespace: {describe(token)}")
     return token
 
 
-def check_value(value: object, key: str) -> bytes | str:
-    """Return a value ``complete()`` may store: bytes or str, never ``CLAIMED``."""
-    if type(value) is not bytes and type(value) is not str:
+def check_value(value: object, key: str, *, text_only: bool = False, encoding: str = "utf-8") -> bytes | str:
+    """Return a value ``complete()`` may store and a duplicate reads back equal, else raise.
+
+    bytes or str, never ``CLAIMED``. A str must encode in the client's encoding
+    (a lone surrogate never does); with ``text_only`` (a client that decodes
+    replies) bytes must decode in it, or every duplicate would fail to read them.
+
+    Args:
+        value: What the caller wants to store.
+        key: The handle's key, for the error.
+        text_only: Whether the client decodes replies (``decode_responses=True``).
+        encoding: The client's encoding (its ``Encoder.encoding``).
+    """
+    if type(value) is str:
+        if encoding != "utf-8" or not value.isascii():
+            try:
+                value.encode(encoding)
+            except UnicodeEncodeError as exc:
+                raise InvalidArgumentError(
+                    f"the result is not encodable as {encoding} (a lone surrogate?): {describe(value)}", key=key
+                ) from exc
+    elif type(value) is bytes:
+        if text_only and (encoding != "utf-8" or not value.isascii()):
+            try:
+                value.decode(encoding)
+            except UnicodeDecodeError as exc:
+                raise InvalidArgumentError(
+                    f"the result is not {encoding} text, and this client decodes replies (decode_responses=True): "
+                    f"a duplicate could not read it; store str, or use a client without decode_responses: "
+                    f"{describe(value)}",
+                    key=key,
+                ) from exc
+    else:
         raise InvalidArgumentTypeError(
             f"a result must be bytes or str, not {type(value).__name__}; serialize it first", key=key
         )
@@ -192,9 +262,60 @@ def check_value(value: object, key: str) -> bytes | str:
 
 def check_native(value: object) -> NativeMode:
     """Return a valid ``native`` mode."""
+    modes = ", ".join(map(repr, _NATIVE_MODES))
+    if type(value) is not str:
+        raise InvalidArgumentTypeError(f"native must be one of {modes}, not {type(value).__name__} {describe(value)}")
     if value not in _NATIVE_MODES:
-        raise InvalidArgumentError(f"native must be one of {', '.join(map(repr, _NATIVE_MODES))}, not {value!r}")
-    return value
+        raise InvalidArgumentError(f"native must be one of {modes}, not {describe(value)}")
+    return value  # type: ignore[return-value]  # one of the modes, checked just above
+
+
+# Per client type: True when its commands are coroutines (asyncio), False when not.
+# Judged by what the client does, so redis-py-compatible clients keep working.
+_CLIENT_KINDS: dict[type, bool] = {}
+_CLIENT_METHODS: Final = ("execute_command", "evalsha", "eval")
+
+
+def client_kind(client: object) -> bool | None:
+    """Whether ``client`` is an asyncio client (``True``) or a sync one (``False``).
+
+    ``None`` when it is no redis-py-like client at all (it lacks ``execute_command``,
+    ``evalsha`` or ``eval``). The answer is cached per client type.
+    """
+    kind = _CLIENT_KINDS.get(type(client))
+    if kind is None:
+        if not all(callable(getattr(client, name, None)) for name in _CLIENT_METHODS):
+            return None
+        kind = _CLIENT_KINDS[type(client)] = inspect.iscoroutinefunction(client.execute_command)  # type: ignore[attr-defined]
+    return kind
+
+
+def check_client(client: object, wants_async: bool | None, user: str) -> None:
+    """Raise unless ``client`` is a redis-py-like client of the kind ``user`` needs (asyncio or sync).
+
+    Args:
+        client: The client passed in.
+        wants_async: Whether ``user`` awaits the client's commands; ``None`` checks nothing.
+        user: Who needs the client, for the message (``"Claim"``, ``"@idempotent on def f"``).
+    """
+    if wants_async is None:
+        return
+    kind = client_kind(client)
+    if kind is wants_async:
+        return
+    needs = (
+        "an asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster)"
+        if wants_async
+        else "a sync client (redis.Redis or redis.cluster.RedisCluster)"
+    )
+    got = f"{type(client).__module__}.{type(client).__qualname__}"
+    if kind is None:
+        hint = "pass a redis-py client"
+    elif wants_async:
+        hint = "use the sync twin (Claim, or a plain def), or a redis.asyncio client"
+    else:
+        hint = "use the asyncio twin (AsyncClaim, or an async def), or a sync client"
+    raise InvalidArgumentTypeError(f"{user} needs {needs}, not {got}; {hint}")
 
 
 def _new_token_prefix() -> None:
@@ -234,10 +355,21 @@ def build_keys(namespace: str, key: str) -> tuple[str, str]:
     """The claim and result keys of ``key``: ``<ns>:{<key>}:claim`` and ``<ns>:{<key>}:result``.
 
     Both share the hash tag ``{<key>}`` (braces and ``%`` in ``key`` are
-    percent-escaped), so they always sit in one cluster slot.
+    percent-escaped), so they always sit in one cluster slot. The fence counter
+    (``fencing=True``) is ``<ns>:{<key>}:fence``, in the same slot.
     """
     prefix = f"{namespace}:{{{_escape_tag(key)}}}:"
     return prefix + "claim", prefix + "result"
+
+
+def check_replicas(replicas: object, timeout_ms: object) -> tuple[int, int]:
+    """Return ``(replicas, timeout_ms)`` for WAIT: an int >= 0, and a positive int of milliseconds."""
+    for name, value, low in (("replicas", replicas, 0), ("replica_timeout_ms", timeout_ms, 1)):
+        if type(value) is not int:
+            raise InvalidArgumentTypeError(f"{name} must be an int, not {type(value).__name__} {describe(value)}")
+        if not low <= value <= MAX_SECONDS:
+            raise InvalidArgumentError(f"{name} must be an int from {low} to {MAX_SECONDS}, not {describe(value)}")
+    return replicas, timeout_ms  # type: ignore[return-value]  # both checked just above
 
 
 # --------------------------------------------------------------------------- the shared handle
@@ -253,7 +385,30 @@ class ClaimBase(Generic[ClientT]):
     and range checks, no pydantic, namespaces validated once per process.
     """
 
-    __slots__ = ("_client", "_native", "claim_key", "key", "lease", "result_key", "token", "ttl")
+    __slots__ = (
+        "_client",
+        "_fence_key",
+        "_native",
+        "_replica_timeout_ms",
+        "_replicas",
+        "claim_key",
+        "key",
+        "lease",
+        "result_key",
+        "token",
+        "ttl",
+    )
+
+    # Whether the handle awaits its client's commands; None (ClaimBase itself): no client check.
+    _wants_async: ClassVar[bool | None] = None
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Judged once per class from what it does (an awaitable acquire), so the
+        # drivers need no marker of their own.
+        super().__init_subclass__(**kwargs)
+        acquire = getattr(cls, "acquire", None)
+        if acquire is not None:
+            cls._wants_async = inspect.iscoroutinefunction(acquire)
 
     def __init__(
         self,
@@ -265,20 +420,36 @@ class ClaimBase(Generic[ClientT]):
         namespace: str = "goblin",
         token: str | None = None,
         native: NativeMode = "auto",
+        fencing: bool = False,
+        replicas: int = 0,
+        replica_timeout_ms: int = 500,
     ) -> None:
         # Each check takes its fast path inline for the valid, common case and
         # calls the full checker (which raises with a clear message) otherwise.
+        if _CLIENT_KINDS.get(type(client)) is not self._wants_async:
+            check_client(client, self._wants_async, type(self).__name__)
         self._client = client
         if type(key) is not str or not key or not key.isascii():
             _check_text("key", key)
         self.key = key
-        if namespace not in _NAMESPACES_SEEN:
+        if type(namespace) is not str or namespace not in _NAMESPACES_SEEN:
             _NAMESPACES_SEEN.add(check_namespace(namespace))
         self.claim_key, self.result_key = build_keys(namespace, key)
         self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
         self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
         self.token = new_token() if token is None else check_token(token)
-        self._native = native if native == "auto" else check_native(native)
+        self._native = native if type(native) is str and native == "auto" else check_native(native)
+        if fencing is False:
+            self._fence_key: str | None = None
+        elif fencing is True:
+            self._fence_key = self.claim_key.removesuffix("claim") + "fence"
+        else:
+            raise InvalidArgumentTypeError(f"fencing must be True or False, not {describe(fencing)}", key=key)
+        # The default, no WAIT; exact types first, so False or 0.0 are refused below like any bad value.
+        if type(replicas) is int and replicas == 0 and type(replica_timeout_ms) is int and replica_timeout_ms == 500:
+            self._replicas, self._replica_timeout_ms = 0, 500
+        else:
+            self._replicas, self._replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
 
     @classmethod
     def _with_keys(
@@ -290,13 +461,18 @@ class ClaimBase(Generic[ClientT]):
         ttl: int,
         token: str | None,
         native: NativeMode,
+        replicas: int,
+        replica_timeout_ms: int,
     ) -> ClaimBase[ClientT]:
         _check_text("claim_key", claim_key)
         _check_text("result_key", result_key)
         if claim_key == result_key:
             raise InvalidArgumentError(f"claim_key and result_key must differ: {claim_key!r}")
         # The usual construction checks everything else; then the exact keys replace the derived ones.
-        self = cls(client, claim_key, lease=lease, ttl=ttl, token=token, native=native)
+        self = cls(
+            client, claim_key, lease=lease, ttl=ttl, token=token, native=native,
+            replicas=replicas, replica_timeout_ms=replica_timeout_ms,
+        )  # fmt: skip
         self.claim_key, self.result_key = claim_key, result_key
         return self
 
@@ -305,17 +481,89 @@ class ClaimBase(Generic[ClientT]):
 
     # -- what to send, and what the replies mean
 
-    def _claim_outcome(self, reply: object) -> Claimed | Completed | InFlight:
+    def _claim_call(self) -> tuple[Script, tuple[str | int, ...]]:
+        if self._fence_key is None:
+            return CLAIM, (self.claim_key, self.result_key, self.token, self.lease)
+        # The counter outlives the claim and its result; past that, the clock takes over.
+        keep = max(self.lease, self.ttl)
+        return CLAIM_FENCED, (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
+
+    def _claim_outcome(self, reply: object, acknowledged: int | None = None) -> tuple[Outcome, object]:
+        """The outcome of a claim reply, and what claim_key holds when that is known.
+
+        ``reply`` is GOBLIN.CLAIM's or claim.lua's: ``CLAIMED``, the stored value,
+        or (in flight) a list holding claim_key's value; the driver turns the native
+        command's nil into that list with one read.
+
+        Raises:
+            ResultLostError: claim_key says done, but the result is gone.
+            NotReplicatedError: This handle took the claim, but too few replicas acknowledged it.
+        """
         # Plain constructors: pydantic's validated __init__ is faster than model_construct.
-        if reply is None:
-            return InFlight(key=self.key)
+        if type(reply) is list:
+            if not reply:
+                return InFlight(key=self.key), None  # claim_key holds a non-string: in flight, as natively
+            holder = reply[0]
+            if holder in _CLAIMED_REPLIES:
+                outcome = self._claimed(reply[1] if len(reply) > 1 else None, acknowledged)
+                return outcome, self.token
+            if holder is None:
+                return InFlight(key=self.key), None  # freed meanwhile: the next attempt may take it
+            if holder == self.token or holder == self.token.encode():
+                # This token holds it already: the reply to an earlier send was lost.
+                return self._claimed(None, acknowledged), holder
+            if holder.startswith(_DONE_PREFIXES[0] if type(holder) is bytes else DONE_PREFIX):
+                raise ResultLostError(
+                    f"{self.key!r} was completed, but its result ({self.result_key!r}) is gone: evicted by a "
+                    "maxmemory-policy other than noeviction, or deleted; forget() reopens the work",
+                    key=self.key,
+                )
+            return InFlight(key=self.key), holder
         if reply in _CLAIMED_REPLIES:
-            return Claimed(key=self.key, token=self.token, lease=self.lease)
-        return Completed(key=self.key, value=reply)  # type: ignore[arg-type]  # bytes or str from redis-py
+            return self._claimed(None, acknowledged), self.token
+        if reply is None:
+            return InFlight(key=self.key), None
+        return Completed(key=self.key, value=reply), None  # type: ignore[arg-type]  # bytes or str from redis-py
+
+    def _claimed(self, fence: object, acknowledged: int | None) -> Claimed:
+        if acknowledged is not None and acknowledged < self._replicas:
+            raise self._not_replicated("claim", acknowledged)
+        if type(fence) is not int:
+            fence = None
+        return Claimed(key=self.key, token=self.token, lease=self.lease, fence=fence)
 
     def _complete_args(self, value: object) -> tuple[str, str, str, bytes | str, int, str]:
         stored = check_value(value, self.key)
         return self.claim_key, self.result_key, self.token, stored, self.ttl, DONE_PREFIX + self.token
+
+    def _completed(self, reply: object, acknowledged: int | None = None) -> None:
+        """Check complete.lua's reply.
+
+        Raises:
+            ClaimLostError: Another token holds or completed the claim, or this one
+                completed it with another value; nothing was written.
+            NotReplicatedError: Stored, but too few replicas acknowledged it.
+        """
+        if reply == _COMPLETED_OTHERWISE:
+            raise ClaimLostError(
+                f"cannot complete {self.key!r}: token {self.token!r} already completed it with another value; "
+                "the first value stays",
+                key=self.key,
+            )
+        if reply != _STORED:
+            raise self._lost("complete")
+        if acknowledged is not None and acknowledged < self._replicas:
+            raise self._not_replicated("complete", acknowledged)
+
+    def _not_replicated(self, action: str, acknowledged: int) -> NotReplicatedError:
+        held = "this handle holds the claim" if action == "claim" else "the result is stored"
+        return NotReplicatedError(
+            f"{action} of {self.key!r}: {acknowledged} of {self._replicas} replicas acknowledged within "
+            f"{self._replica_timeout_ms} ms; {held} on the primary, but a failover now could lose it",
+            key=self.key,
+            acknowledged=acknowledged,
+            replicas=self._replicas,
+        )
 
     def _extend_lease(self, lease: int | None) -> int:
         return self.lease if lease is None else check_seconds("lease", lease)
@@ -323,7 +571,7 @@ class ClaimBase(Generic[ClientT]):
     def _lost(self, action: str) -> ClaimLostError:
         return ClaimLostError(
             f"cannot {action} {self.key!r}: token {self.token!r} no longer holds {self.claim_key!r} "
-            "(its lease lapsed, or the work was already completed)",
+            "(its lease lapsed and another caller took it, or the work was completed)",
             key=self.key,
         )
 
@@ -344,7 +592,7 @@ def renew_interval(lease: int, interval: object, key: str) -> float:
     seconds = check_timeout("interval", interval, key)
     if not 0 < seconds < lease:
         raise InvalidArgumentError(
-            f"interval must be > 0 and shorter than the lease ({lease}s), not {interval!r}", key=key
+            f"interval must be > 0 and shorter than the lease ({lease}s), not {describe(interval)}", key=key
         )
     return seconds
 

@@ -7,6 +7,7 @@ claim's ``key`` (``None`` only when the key itself was the bad argument)::
     ├── InvalidArgumentError      (also a ValueError)  bad lease, ttl, key, token, value
     ├── InvalidArgumentTypeError  (also a TypeError)   an argument of the wrong type
     ├── ClaimLostError            this token no longer holds the claim
+    ├── ResultLostError           the claim says done, but the result is gone (evicted, deleted)
     ├── StillInFlightError        wait() reached its deadline, the work is still running
     ├── PayloadMismatchError      same key, different arguments (the decorator)
     ├── ReplayedError             a duplicate of a call that failed with a stored error
@@ -15,7 +16,8 @@ claim's ``key`` (``None`` only when the key itself was the bad argument)::
     ├── NativeUnavailableError    native="always" on a server without GOBLIN.CLAIM
     └── ServerError               Redis refused or failed a command
         ├── WrongTypeError        a claim or result key holds a non-string value
-        └── ConnectionFailedError the server could not be reached (or timed out)
+        ├── ConnectionFailedError the server could not be reached (or timed out)
+        └── NotReplicatedError    fewer replicas than ``replicas=`` acknowledged a write in time
 
 Server errors keep the redis-py exception as ``__cause__``. "Someone else holds
 the claim" is not an error: ``acquire()`` returns ``InFlight`` for it.
@@ -30,8 +32,10 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "NativeUnavailableError",
+    "NotReplicatedError",
     "PayloadMismatchError",
     "ReplayedError",
+    "ResultLostError",
     "ResultNotSerializableError",
     "ServerError",
     "StillInFlightError",
@@ -47,11 +51,14 @@ class GoblinClaimError(Exception):
         message: What went wrong, for humans.
         key: The claim's key (the idempotency key, or the claim key of a
             ``from_keys`` handle); ``None`` when no valid key exists yet.
+        result: For ``@idempotent``, the value the function computed when the
+            error came after it returned (its result could not be stored); else ``None``.
     """
 
-    def __init__(self, message: str, *, key: str | None = None) -> None:
+    def __init__(self, message: str, *, key: str | None = None, result: object = None) -> None:
         super().__init__(message)
         self.key = key
+        self.result = result
 
 
 class InvalidArgumentError(GoblinClaimError, ValueError):
@@ -65,17 +72,22 @@ class InvalidArgumentTypeError(GoblinClaimError, TypeError):
 class ClaimLostError(GoblinClaimError):
     """This handle's token no longer holds the claim.
 
-    Its lease lapsed and another caller may have taken the work over, or the work
-    was already completed. Nothing was written.
+    Its lease lapsed and another token claimed the work, or it was completed
+    (by another token, or by this one with another value). Nothing was written.
 
     Attributes:
         result: For the ``@idempotent`` decorator, the value the function computed
             after its claim was lost; ``None`` otherwise.
     """
 
-    def __init__(self, message: str, *, key: str | None = None, result: object = None) -> None:
-        super().__init__(message, key=key)
-        self.result = result
+
+class ResultLostError(GoblinClaimError):
+    """The claim says the work was completed, but its result is gone.
+
+    Redis evicted ``result_key`` (a ``maxmemory-policy`` other than
+    ``noeviction``) or someone deleted it. The work is not run again on its own:
+    that is for an operator to decide, with ``forget()`` (or after ``ttl``).
+    """
 
 
 class StillInFlightError(GoblinClaimError):
@@ -136,3 +148,23 @@ class WrongTypeError(ServerError):
 
 class ConnectionFailedError(ServerError):
     """The server could not be reached, or did not answer in time."""
+
+
+class NotReplicatedError(ServerError):
+    """Fewer replicas than asked (``replicas=``) acknowledged a write within ``replica_timeout_ms``.
+
+    The write happened on the primary: after ``acquire()`` this handle holds the
+    claim (do the work, or ``release()`` it); after ``complete()`` the result is
+    stored (calling ``complete()`` again with the same value is safe and waits
+    again). If the primary fails over before a replica has the write, the write
+    is lost.
+
+    Attributes:
+        acknowledged: How many replicas acknowledged it.
+        replicas: How many were asked for.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, acknowledged: int, replicas: int) -> None:
+        super().__init__(message, key=key)
+        self.acknowledged = acknowledged
+        self.replicas = replicas

@@ -16,6 +16,8 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import sys
+import time
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,12 +29,27 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from ._async import AsyncClaim
-from ._core import DONE_PREFIX, NativeMode, check_namespace, check_native, check_seconds, check_timeout, new_token
+from ._core import (
+    DONE_PREFIX,
+    NativeMode,
+    WaitSchedule,
+    check_namespace,
+    check_native,
+    check_replicas,
+    check_seconds,
+    check_timeout,
+    client_kind,
+    describe,
+    new_token,
+)
 from ._envelope import Codec, ErrorEnvelope, fingerprint_of, replayed
 from ._errors import (
     ClaimLostError,
+    ConnectionFailedError,
     GoblinClaimError,
+    InvalidArgumentError,
     InvalidArgumentTypeError,
+    NotReplicatedError,
     PayloadMismatchError,
     ResultNotSerializableError,
     StillInFlightError,
@@ -71,6 +88,8 @@ def idempotent(
     replay_errors: tuple[type[BaseException], ...] = (),
     keep_alive: bool = True,
     native: NativeMode = "auto",
+    replicas: int = 0,
+    replica_timeout_ms: int = 500,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Run the decorated function once per key; every duplicate gets an equal result.
 
@@ -100,6 +119,9 @@ def idempotent(
             Any other exception releases the claim, so a retry runs at once.
         keep_alive: Renew the lease while the function runs (recommended).
         native: As for ``Claim``: ``"auto"``, ``"never"`` or ``"always"``.
+        replicas: As for ``Claim``: wait for this many replicas to acknowledge the
+            claim and the stored result (``NotReplicatedError`` otherwise).
+        replica_timeout_ms: How long to wait for them.
 
     Example::
 
@@ -112,7 +134,10 @@ def idempotent(
     """
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        spec = _Spec(func, client, key, lease, ttl, wait, namespace, fingerprint, replay_errors, keep_alive, native)
+        spec = _Spec(
+            func, client, key, lease, ttl, wait, namespace, fingerprint, replay_errors, keep_alive, native,
+            replicas, replica_timeout_ms,
+        )  # fmt: skip
         if spec.is_async:
 
             async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -153,58 +178,113 @@ class _Spec:
         replay_errors: tuple[type[BaseException], ...],
         keep_alive: bool,
         native: NativeMode,
+        replicas: int,
+        replica_timeout_ms: int,
     ) -> None:
+        if not callable(func):
+            raise InvalidArgumentTypeError(f"@idempotent decorates a function, not {describe(func)}")
         self.func = func
+        self.name = _name_of(func)
         self.client = client
         self.is_async = inspect.iscoroutinefunction(func)
-        _check_client(func, client, self.is_async)
-        self.signature = inspect.signature(func)
+        _check_client(self.name, client, self.is_async)
+        try:
+            self.signature = inspect.signature(func)
+        except (TypeError, ValueError) as exc:  # a builtin without a signature, say
+            raise InvalidArgumentTypeError(f"cannot read the signature of {self.name}: {exc}") from exc
         if isinstance(key, str):
-            if key not in self.signature.parameters:
-                raise InvalidArgumentTypeError(f"key={key!r} is not a parameter of {func.__qualname__}{self.signature}")
+            param = self.signature.parameters.get(key)
+            if param is None:
+                raise InvalidArgumentTypeError(f"key={describe(key)} is not a parameter of {self.name}{self.signature}")
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise InvalidArgumentError(f"key={key!r} names *{key} or **{key}, which holds no single key")
         elif not callable(key):
-            raise InvalidArgumentTypeError(f"key must be a parameter name or a function of the arguments, not {key!r}")
+            raise InvalidArgumentTypeError(
+                f"key must be a parameter name or a function of the arguments, not {describe(key)}"
+            )
         self.key = key
         self.lease = check_seconds("lease", lease)
         self.ttl = check_seconds("ttl", ttl)
         self.wait = check_timeout("wait", wait)
-        self.namespace = check_namespace(namespace or f"{func.__module__}.{func.__qualname__}")
+        if namespace is None:  # an empty namespace is refused below, like Claim's, not replaced
+            if not isinstance(getattr(func, "__module__", None), str) or not isinstance(
+                getattr(func, "__qualname__", None), str
+            ):
+                raise InvalidArgumentError(f"{self.name} has no module and qualified name: pass namespace=")
+            namespace = f"{func.__module__}.{func.__qualname__}"
+        self.namespace = check_namespace(namespace)
         if fingerprint is not None and fingerprint is not ALL_ARGUMENTS and not callable(fingerprint):
-            raise InvalidArgumentTypeError(f"fingerprint must be a function, None or left out, not {fingerprint!r}")
+            raise InvalidArgumentTypeError(
+                f"fingerprint must be a function, None or left out, not {describe(fingerprint)}"
+            )
         self.fingerprint = fingerprint
         if not isinstance(replay_errors, tuple) or not all(
             isinstance(kind, type) and issubclass(kind, BaseException) for kind in replay_errors
         ):
-            raise InvalidArgumentTypeError(f"replay_errors must be a tuple of exception classes, not {replay_errors!r}")
+            raise InvalidArgumentTypeError(
+                f"replay_errors must be a tuple of exception classes, not {describe(replay_errors)}"
+            )
         self.replay_errors = replay_errors
-        self.keep_alive = bool(keep_alive)
+        if type(keep_alive) is not bool:
+            raise InvalidArgumentTypeError(f"keep_alive must be True or False, not {describe(keep_alive)}")
+        self.keep_alive = keep_alive
         self.native = check_native(native)
-        self.codec: Codec[Any] = Codec(_return_type(func))
+        self.replicas, self.replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+        self.codec: Codec[Any] = Codec(_return_type(func, self.name))
 
     def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
         """The key, fingerprint and token of one call (no I/O)."""
-        bound = self.signature.bind(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:  # what calling the function itself would raise
+            raise InvalidArgumentTypeError(f"{self.name}(): {exc}") from exc
         bound.apply_defaults()
         if isinstance(self.key, str):
             key = bound.arguments[self.key]
             if type(key) is int:  # an integer id is a fine key; bool is not
-                key = str(key)
+                key = _int_key(key)
         else:
             key = self.key(*args, **kwargs)
-        if type(key) is not str or not key:
-            raise InvalidArgumentTypeError(f"the idempotency key must be a non-empty str, got {key!r}")
+        if type(key) is not str:
+            raise InvalidArgumentTypeError(
+                f"the idempotency key must be a non-empty str, got {type(key).__name__} {describe(key)}"
+            )
+        if not key:
+            raise InvalidArgumentError("the idempotency key must be a non-empty str, got ''")
+        if not key.isascii() and not _is_utf8(key):
+            raise InvalidArgumentError(f"the idempotency key is not encodable as UTF-8 (a lone surrogate?): {key!r}")
         if self.fingerprint is None:
             fp = None
         elif self.fingerprint is ALL_ARGUMENTS:
-            fp = fingerprint_of(bound.arguments, key)
+            try:
+                fp = fingerprint_of(bound.arguments, key)
+            except RecursionError as exc:  # arguments that contain themselves, or nest past the stack
+                raise InvalidArgumentTypeError(
+                    f"cannot fingerprint the arguments for {key!r}: they nest too deeply (or contain themselves); "
+                    "pass fingerprint= a function of the arguments that returns a str, or fingerprint=None",
+                    key=key,
+                ) from exc
         else:
             custom = self.fingerprint(*args, **kwargs)
             if type(custom) is not str:
-                raise InvalidArgumentTypeError(f"fingerprint must return a str, got {custom!r}", key=key)
+                raise InvalidArgumentTypeError(
+                    f"fingerprint must return a str, got {type(custom).__name__} {describe(custom)}", key=key
+                )
+            if not custom.isascii() and not _is_utf8(custom):
+                raise InvalidArgumentError(
+                    f"fingerprint returned a str not encodable as UTF-8 (a lone surrogate?): {describe(custom)}",
+                    key=key,
+                )
             fp = hashlib.sha256(custom.encode()).hexdigest()[:32]
         # The fingerprint rides in the token, which the claim key stores: an
         # in-flight duplicate can compare it with one GET.
         return _Call(key, fp, f"{new_token()}.{fp}" if fp else None)
+
+    def store_schedule(self, call: _Call) -> WaitSchedule:
+        """How long the final write is retried: while the lease lasts."""
+        schedule = WaitSchedule(self.lease, call.key)
+        schedule.start(time.monotonic())
+        return schedule
 
     def check_holder(self, holder: object, call: _Call) -> None:
         """Raise ``PayloadMismatchError`` if the claim's holder ran with other arguments."""
@@ -236,6 +316,15 @@ class _Spec:
         """The error for ``wait=0`` on in-flight work."""
         return StillInFlightError(f"{call.key!r} is in flight (wait=0)", key=call.key)
 
+    def unstored(self, call: _Call, result: Any, cause: ConnectionFailedError) -> ConnectionFailedError:
+        """The error for a result that could not be written before the lease ran out; it carries the result."""
+        return ConnectionFailedError(
+            f"{call.key!r} ran, but its result could not be stored while the lease lasted ({self.lease}s): "
+            f"{cause}; the claim frees itself when its lease lapses",
+            key=call.key,
+            result=result,
+        )
+
     def lost(self, call: _Call, result: Any, cause: ClaimLostError) -> ClaimLostError:
         """The error for work that finished after its claim was lost; it carries the result."""
         return ClaimLostError(
@@ -245,29 +334,52 @@ class _Spec:
         )
 
 
-def _check_client(func: Callable[..., Any], client: Any, is_async: bool) -> None:
-    name = getattr(func, "__qualname__", repr(func))
-    kind = type(client).__name__
-    if is_async and not isinstance(client, _ASYNC_CLIENTS):
+def _check_client(name: str, client: Any, is_async: bool) -> None:
+    # Judged by what the client does (an awaitable execute_command or not), so
+    # redis-py-compatible clients of the right kind work too.
+    kind = client_kind(client)
+    if kind is is_async:
+        return
+    got = type(client).__name__
+    if is_async:
+        hint = f"make {name} a plain def" if kind is False else "pass a redis.asyncio client"
         raise InvalidArgumentTypeError(
             f"@idempotent on async def {name} needs an asyncio client (redis.asyncio.Redis or "
-            f"redis.asyncio.cluster.RedisCluster), not {kind}; or make {name} a plain def"
+            f"redis.asyncio.cluster.RedisCluster), not {got}; {hint}"
         )
-    if not is_async and not isinstance(client, _SYNC_CLIENTS):
-        hint = f"make {name} an async def" if isinstance(client, _ASYNC_CLIENTS) else "pass a redis-py client"
-        raise InvalidArgumentTypeError(
-            f"@idempotent on def {name} needs a sync client (redis.Redis or redis.cluster.RedisCluster), "
-            f"not {kind}; {hint}"
-        )
+    hint = f"make {name} an async def" if kind else "pass a redis-py client"
+    raise InvalidArgumentTypeError(
+        f"@idempotent on def {name} needs a sync client (redis.Redis or redis.cluster.RedisCluster), not {got}; {hint}"
+    )
 
 
-def _return_type(func: Callable[..., Any]) -> Any:
+def _name_of(func: Callable[..., Any]) -> str:
+    name = getattr(func, "__qualname__", None)
+    return name if isinstance(name, str) else describe(func)
+
+
+def _int_key(key: int) -> str:
+    try:
+        return str(key)
+    except ValueError as exc:  # past Python's digit limit for int -> str
+        raise InvalidArgumentError(f"an int key must have at most {sys.get_int_max_str_digits()} digits") from exc
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _return_type(func: Callable[..., Any], name: str) -> Any:
     try:
         hints = typing.get_type_hints(func, include_extras=True)
-    except (NameError, TypeError) as exc:
+    except Exception as exc:  # evaluating string annotations can raise anything
         raise InvalidArgumentTypeError(
-            f"cannot resolve the return annotation of {func.__qualname__}: {exc}; "
-            "define the return type at module level"
+            f"cannot resolve the return annotation of {name}: {type(exc).__name__}: {exc}; "
+            "decorate a def whose return type is defined at module level"
         ) from exc
     return hints.get("return", Any)
 
@@ -279,12 +391,16 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     call = spec.prepare(args, kwargs)
     claim = Claim(
         spec.client, call.key, lease=spec.lease, ttl=spec.ttl, namespace=spec.namespace,
-        token=call.token, native=spec.native,
+        token=call.token, native=spec.native, replicas=spec.replicas, replica_timeout_ms=spec.replica_timeout_ms,
     )  # fmt: skip
-    outcome = claim.acquire()
+    try:
+        outcome, holder = claim._acquire()
+    except NotReplicatedError:
+        # Claimed on the primary only: give it back rather than run undurably.
+        _release_quietly(claim)
+        raise
     if isinstance(outcome, InFlight):
-        if call.fp is not None:
-            spec.check_holder(claim._peek(), call)
+        spec.check_holder(holder, call)
         if spec.wait == 0:
             raise spec.in_flight(call)
         outcome = claim.wait(timeout=spec.wait)
@@ -305,11 +421,29 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     except ResultNotSerializableError:
         _release_quietly(claim)
         raise
-    try:
-        claim.complete(payload)
-    except ClaimLostError as exc:
-        raise spec.lost(call, result, exc) from exc
+    _store(spec, claim, call, payload, result)
     return result
+
+
+def _store(spec: _Spec, claim: Claim, call: _Call, payload: bytes, result: Any) -> None:
+    # The function has run: a dropped connection must not drop its result. The
+    # write is owner-checked and safe to send twice, so it is retried while the
+    # lease lasts (and after, it still lands if nobody claimed the key since).
+    schedule = spec.store_schedule(call)
+    while True:
+        try:
+            claim.complete(payload)
+            return
+        except ClaimLostError as exc:
+            raise spec.lost(call, result, exc) from exc
+        except NotReplicatedError as exc:
+            exc.result = result  # stored on the primary, and replayed from there
+            raise
+        except ConnectionFailedError as exc:
+            delay = schedule.next_delay(time.monotonic())
+            if delay is None:
+                raise spec.unstored(call, result, exc) from exc
+            time.sleep(delay)
 
 
 def _release_quietly(claim: Claim) -> None:
@@ -323,12 +457,16 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
     call = spec.prepare(args, kwargs)
     claim = AsyncClaim(
         spec.client, call.key, lease=spec.lease, ttl=spec.ttl, namespace=spec.namespace,
-        token=call.token, native=spec.native,
+        token=call.token, native=spec.native, replicas=spec.replicas, replica_timeout_ms=spec.replica_timeout_ms,
     )  # fmt: skip
-    outcome = await claim.acquire()
+    try:
+        outcome, holder = await claim._acquire()
+    except NotReplicatedError:
+        # Claimed on the primary only: give it back rather than run undurably.
+        await _release_quietly_async(claim)
+        raise
     if isinstance(outcome, InFlight):
-        if call.fp is not None:
-            spec.check_holder(await claim._peek(), call)
+        spec.check_holder(holder, call)
         if spec.wait == 0:
             raise spec.in_flight(call)
         outcome = await claim.wait(timeout=spec.wait)
@@ -349,11 +487,29 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
     except ResultNotSerializableError:
         await _release_quietly_async(claim)
         raise
-    try:
-        await claim.complete(payload)
-    except ClaimLostError as exc:
-        raise spec.lost(call, result, exc) from exc
+    await _store_async(spec, claim, call, payload, result)
     return result
+
+
+async def _store_async(spec: _Spec, claim: AsyncClaim, call: _Call, payload: bytes, result: Any) -> None:
+    # The function has run: a dropped connection must not drop its result. The
+    # write is owner-checked and safe to send twice, so it is retried while the
+    # lease lasts (and after, it still lands if nobody claimed the key since).
+    schedule = spec.store_schedule(call)
+    while True:
+        try:
+            await claim.complete(payload)
+            return
+        except ClaimLostError as exc:
+            raise spec.lost(call, result, exc) from exc
+        except NotReplicatedError as exc:
+            exc.result = result  # stored on the primary, and replayed from there
+            raise
+        except ConnectionFailedError as exc:
+            delay = schedule.next_delay(time.monotonic())
+            if delay is None:
+                raise spec.unstored(call, result, exc) from exc
+            await asyncio.sleep(delay)
 
 
 async def _release_quietly_async(claim: AsyncClaim) -> None:

@@ -30,15 +30,19 @@ class Claimed(BaseModel):
         key: The handle's key.
         token: The token stored in the claim key.
         lease: Seconds the claim stays held unless completed, extended or released.
+        fence: With ``fencing=True``, a number that strictly increases with every
+            owner of this key: pass it to downstream stores so they refuse a stale
+            owner's late writes. ``None`` without fencing.
     """
 
     model_config = _FROZEN
-    __match_args__: ClassVar[tuple[str, ...]] = ("key", "token", "lease")
+    __match_args__: ClassVar[tuple[str, ...]] = ("key", "token", "lease", "fence")
 
     kind: Literal["claimed"] = "claimed"
     key: str
     token: str
     lease: int
+    fence: Union[int, None] = None  # noqa: UP007 -- pydantic evaluates this at run time on 3.10 too
 
 
 class Completed(BaseModel):

@@ -9,6 +9,7 @@ a weak map, never on a class, so two clients (two servers) never share it.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,7 @@ __all__ = [
     "is_unknown_command",
     "native_from_command_table",
     "native_from_probe",
+    "reply_encoding",
     "state_of",
     "translate",
 ]
@@ -53,10 +55,12 @@ class ClientState:
     Attributes:
         native: The native commands the server answers; ``None`` until probed.
         ready: The probe ran and the scripts were offered to SCRIPT LOAD.
+        text: The client's encoding and whether it decodes replies; ``None`` until read.
     """
 
     native: frozenset[str] | None = None
     ready: bool = False
+    text: tuple[str, bool] | None = None
     # One lock per world: threads of a sync client, tasks of an asyncio client.
     sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     async_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -78,6 +82,25 @@ def state_of(client: object) -> ClientState:
                 state = _STATES[id(client)] = ClientState()
                 weakref.finalize(client, _STATES.pop, id(client), None)
     return state
+
+
+def reply_encoding(client: object) -> tuple[str, bool]:
+    """The encoding ``client`` uses both ways, and whether it decodes replies to str.
+
+    Read once per client from its encoder (``decode_responses=True`` makes a
+    client decode every reply, so a value it cannot decode must not be stored).
+    A client without ``get_encoder()`` counts as UTF-8 returning bytes.
+    """
+    state = state_of(client)
+    text = state.text
+    if text is None:
+        try:
+            encoder = client.get_encoder()  # type: ignore[attr-defined]
+            text = (codecs.lookup(encoder.encoding).name, bool(encoder.decode_responses))
+        except (AttributeError, LookupError, TypeError):
+            text = ("utf-8", False)
+        state.text = text
+    return text
 
 
 def native_from_probe(reply: object) -> frozenset[str]:

@@ -7,12 +7,25 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from ._core import CLAIM, COMPLETE, EXTEND, PEEK, RELEASE, SCRIPTS, ClaimBase, NativeMode, Script, native_command
+from ._core import (
+    COMPLETE,
+    EXTEND,
+    FORGET,
+    PEEK,
+    RELEASE,
+    SCRIPTS,
+    ClaimBase,
+    NativeMode,
+    Outcome,
+    Script,
+    native_command,
+)
+from ._errors import InvalidArgumentError
 from ._keepalive import KeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -30,6 +43,7 @@ if TYPE_CHECKING:
     from redis import Redis
 
     SyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
+    Args = tuple[Union[str, bytes, int], ...]  # noqa: UP007 -- the arguments of one command
 
 __all__ = ["Claim"]
 
@@ -50,6 +64,13 @@ class Claim(ClaimBase["SyncClient"]):
         token: The owner's identity stored in the claim key; ``None`` makes a unique one.
         native: ``"auto"`` uses GOBLIN.CLAIM / GOBLIN.CAD where the server has them,
             ``"never"`` always uses the Lua scripts, ``"always"`` requires the commands.
+        fencing: Number the owners: every ``Claimed`` carries a ``fence`` that
+            strictly increases per key (a counter under the same hash tag, set in the
+            claim's round trip; the claim then always runs as a script).
+        replicas: Send ``WAIT replicas replica_timeout_ms`` behind the claim and behind
+            ``complete()``, in the same round trip, and raise ``NotReplicatedError`` when
+            fewer replicas acknowledged the write. ``0`` (the default) does not wait.
+        replica_timeout_ms: How long WAIT waits for the acknowledgements.
 
     Example::
 
@@ -79,18 +100,23 @@ class Claim(ClaimBase["SyncClient"]):
         ttl: int = 86400,
         token: str | None = None,
         native: NativeMode = "auto",
+        replicas: int = 0,
+        replica_timeout_ms: int = 500,
     ) -> Claim:
         """A handle on two exact keys, to share them with users of the raw protocol.
 
         On a cluster the two keys must hash to one slot (give them one hash tag).
         The outcomes' ``key`` is ``claim_key``.
         """
-        handle = cls._with_keys(client, claim_key, result_key, lease, ttl, token, native)
+        handle = cls._with_keys(client, claim_key, result_key, lease, ttl, token, native, replicas, replica_timeout_ms)
         assert isinstance(handle, cls)
         return handle
 
     def acquire(self) -> Claimed | Completed | InFlight:
         """Try to claim the work, in one round trip.
+
+        Safe to send twice: when this handle's token already holds the claim (an
+        earlier reply was lost), the answer is ``Claimed`` again.
 
         Returns:
             ``Claimed`` when this handle now owns the work; ``Completed`` with the
@@ -98,27 +124,35 @@ class Claim(ClaimBase["SyncClient"]):
             works on it.
 
         Raises:
+            ResultLostError: The work was completed, but its result is gone (evicted).
             WrongTypeError: ``result_key`` holds a non-string value.
             ConnectionFailedError: Redis could not be reached.
+            NotReplicatedError: With ``replicas``: claimed, but not acknowledged in time.
         """
-        args = (self.claim_key, self.result_key, self.token, self.lease)
-        return self._claim_outcome(self._call(CLAIM, args, self.result_key))
+        return self._acquire()[0]
 
     def complete(self, value: bytes | str) -> None:
         """Store the work's result for ``ttl`` seconds and mark the work done.
 
         Owner-checked and atomic: the result is written only while this token
-        holds the claim, and the claim is kept for ``ttl`` too, so the work stays
-        completed as long as its result lives.
+        holds the claim, or after its lease lapsed while nobody claimed it since;
+        the claim is kept for ``ttl`` too, so the work stays completed as long as
+        its result lives. Safe to send twice: completing again with the same
+        value is a success that writes nothing.
 
         Raises:
             ValueError: ``value`` is the reserved reply ``CLAIMED``.
             TypeError: ``value`` is neither bytes nor str.
-            ClaimLostError: The claim lapsed or was already completed; nothing written.
+            ClaimLostError: Another token holds or completed the claim, or this one
+                completed it with another value; nothing written.
+            NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
         args = self._complete_args(value)
-        if not self._call(COMPLETE, args, f"{self.claim_key} / {self.result_key}"):
-            raise self._lost("complete")
+        keys = f"{self.claim_key} / {self.result_key}"
+        if self._replicas:
+            self._completed(*self._call_and_wait(COMPLETE, args, keys))
+        else:
+            self._completed(self._call(COMPLETE, args, keys))
 
     def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
@@ -139,6 +173,19 @@ class Claim(ClaimBase["SyncClient"]):
         """
         return bool(self._call(RELEASE, (self.claim_key, self.token), self.claim_key))
 
+    def forget(self) -> bool:
+        """Delete the claim and the result, whoever holds them, in one atomic step.
+
+        For operators: it reopens the key, so the next caller runs the work again
+        (a lost result, a bad stored value). An owner still working on it finds its
+        claim gone: its ``complete()`` then succeeds if nobody claimed the key since.
+
+        Returns:
+            ``True`` when there was a claim or a result to delete.
+        """
+        keys = f"{self.claim_key} / {self.result_key}"
+        return bool(self._call(FORGET, (self.claim_key, self.result_key), keys))
+
     def wait(self, timeout: float = 10.0) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
 
@@ -152,6 +199,7 @@ class Claim(ClaimBase["SyncClient"]):
 
         Raises:
             StillInFlightError: Still in flight at the deadline.
+            ResultLostError: The work was completed, but its result is gone.
             ValueError: ``timeout`` is negative.
         """
         schedule = self._wait_schedule(timeout)
@@ -171,7 +219,8 @@ class Claim(ClaimBase["SyncClient"]):
         Renews every ``interval`` seconds (default: a third of the lease) from a
         daemon thread (``Claim``) or a task (``AsyncClaim``), and stops when the
         block exits. A renewal that finds the claim lost stops and sets
-        ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing.
+        ``lost``; ``complete()`` then still stores the result if nobody claimed the
+        key since, and raises ``ClaimLostError`` (writing nothing) if someone did.
 
         Example::
 
@@ -181,13 +230,26 @@ class Claim(ClaimBase["SyncClient"]):
         """
         return KeepAlive(self, interval)
 
+    def _acquire(self) -> tuple[Outcome, object]:
+        """The claim's outcome, and what claim_key holds when that is known (the holder's token)."""
+        script, args = self._claim_call()
+        if self._replicas:
+            reply, acknowledged = self._call_and_wait(script, args, self.result_key)
+            return self._claim_outcome(reply, acknowledged)
+        reply = self._call(script, args, self.result_key)
+        if reply is None:
+            # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
+            # claim (or a lost result); one read of the holder tells them apart.
+            reply = [self._peek()]
+        return self._claim_outcome(reply)
+
     def _peek(self) -> object:
         """The claim key's current value (the holder's token), or ``None``."""
         return self._call(PEEK, (self.claim_key,), self.claim_key)
 
-    # -- the one round trip
+    # -- the round trips
 
-    def _call(self, script: Script, args: tuple[str | bytes | int, ...], keys: str) -> object:
+    def _call(self, script: Script, args: Args, keys: str) -> object:
         client = self._client
         state = state_of(client)
         try:
@@ -211,6 +273,45 @@ class Claim(ClaimBase["SyncClient"]):
                 return client.eval(script.source, script.numkeys, *args)
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
+
+    def _call_and_wait(self, script: Script, args: Args, keys: str) -> tuple[object, int]:
+        """Run ``script`` and ``WAIT replicas timeout`` on one connection, in one round trip.
+
+        Always the script: the reply and the WAIT must come from the same connection.
+        """
+        client = self._client
+        state = state_of(client)
+        try:
+            if not state.ready:
+                _prepare(client, state)
+            reply, acknowledged = self._pipeline_wait(script, args, source=False)
+            if isinstance(reply, NoScriptError):
+                # Nothing ran, so nothing was waited for: both again, with the source.
+                reply, acknowledged = self._pipeline_wait(script, args, source=True)
+            for item in (reply, acknowledged):
+                if isinstance(item, Exception):
+                    raise item
+        except (RedisError, RedisClusterException) as exc:
+            raise translate(exc, self.key, keys) from exc
+        return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
+
+    def _pipeline_wait(self, script: Script, args: Args, *, source: bool) -> list[object]:
+        client = self._client
+        pipe = _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
+        if source:
+            pipe.eval(script.source, script.numkeys, *args)
+        else:
+            pipe.evalsha(script.sha, script.numkeys, *args)
+        pipe.execute_command("WAIT", self._replicas, self._replica_timeout_ms)  # type: ignore[no-untyped-call, unused-ignore]
+        return pipe.execute(raise_on_error=False)
+
+
+def _node_pipeline(client: RedisCluster, claim: Claim) -> Any:
+    """A pipeline to the primary of ``claim``'s slot: WAIT counts the writes of its own connection."""
+    node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]
+    if node is None or node.redis_connection is None:
+        raise InvalidArgumentError(f"no primary known for {claim.claim_key!r}", key=claim.key)
+    return node.redis_connection.pipeline(transaction=False)
 
 
 def _prepare(client: SyncClient, state: ClientState) -> None:

@@ -10,6 +10,8 @@ missing redis-server skips their tests; with ``CI`` set it fails them.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import itertools
 import os
 from collections.abc import Callable, Coroutine, Iterator
@@ -23,7 +25,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 
-from goblin_claim import AsyncClaim, Claim
+from goblin_claim import AsyncClaim, Claim, idempotent
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests import servers
 
@@ -260,3 +262,74 @@ def make_driver(backend: Backend) -> Iterator[Callable[..., Driver]]:
     yield make
     for close in closers:
         close()
+
+
+# --------------------------------------------------------------------------- the decorator
+
+
+@dataclass
+class Deco:
+    """Decorates a plain function for one kind (sync or async) and calls it synchronously."""
+
+    kind: str
+    client: Any
+    raw: Any
+    run: Runner | None
+    namespace: str = field(default_factory=lambda: unique("ns"))
+
+    def __call__(self, body: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        """``body`` decorated with ``@idempotent(client, **options)``, callable from sync test code."""
+        options.setdefault("namespace", self.namespace)
+        if self.run is None:
+            return idempotent(self.client, **options)(body)
+
+        async def as_async(*args: Any, **kwargs: Any) -> Any:
+            return body(*args, **kwargs)
+
+        as_async.__signature__ = inspect.signature(body)  # type: ignore[attr-defined]
+        as_async.__annotations__ = body.__annotations__
+        decorated = idempotent(self.client, **options)(as_async)
+        run = self.run
+        return functools.wraps(body)(lambda *a, **kw: run(decorated(*a, **kw)))
+
+
+@pytest.fixture(params=["sync", "async"])
+def deco(request: pytest.FixtureRequest, backend: Backend) -> Iterator[Deco]:
+    """The decorator on the backend under test, for def and async def."""
+    raw = backend.sync()
+    if request.param == "sync":
+        yield Deco("sync", raw, raw, None)
+        return
+    run = Runner()
+
+    async def make() -> Any:
+        return backend.async_()
+
+    client = run(make())
+    yield Deco("async", client, raw, run)
+    run(client.aclose())
+    run.close()
+
+
+# --------------------------------------------------------------------------- fault figures
+
+_FIGURES: list[str] = []
+
+
+@pytest.fixture
+def figures() -> Callable[[str], None]:
+    """Record a one-line figure of a fault test: printed, and repeated in pytest's terminal summary."""
+
+    def record(line: str) -> None:
+        print(line)
+        _FIGURES.append(line)
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Show the fault suite's figures at the end of the run, with or without ``-s``."""
+    if _FIGURES:
+        terminalreporter.section("fault figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)

@@ -23,6 +23,7 @@ from goblin_claim import (
     PayloadMismatchError,
     StillInFlightError,
 )
+from goblin_claim.testing import fake_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "idempotent", "GoblinClaimError",
@@ -87,13 +88,14 @@ def test_async_driver_is_generated_from_the_sync_one() -> None:
 
 def test_handle_attributes_are_strings() -> None:
     """claim_key, result_key and token are str; the keys carry the namespace and one hash tag."""
-    handle = Claim(object(), "evt88", namespace="pay", token="worker-3")  # type: ignore[arg-type]
+    handle = Claim(fake_redis(native=False), "evt88", namespace="pay", token="worker-3")
     assert (handle.claim_key, handle.result_key, handle.token) == (
         "pay:{evt88}:claim",
         "pay:{evt88}:result",
         "worker-3",
     )
-    assert Claim(object(), "evt88").token != Claim(object(), "evt88").token  # type: ignore[arg-type]
+    client = fake_redis(native=False)
+    assert Claim(client, "evt88").token != Claim(client, "evt88").token
 
 
 def test_outcomes_are_frozen_values() -> None:
@@ -154,7 +156,8 @@ def test_decorator_flows_mirror_each_other() -> None:
     asyn = source[source.index("async def _call_async") : source.index("async def _release_quietly_async")]
     for old, new in [
         ("async def _call_async", "def _call_sync"), ("await ", ""), ("async with", "with"),
-        ("AsyncClaim(", "Claim("), ("_release_quietly_async", "_release_quietly"),
+        ("AsyncClaim(", "Claim("), ("AsyncClaim,", "Claim,"), ("_release_quietly_async", "_release_quietly"),
+        ("_store_async", "_store"), ("async def _store", "def _store"), ("asyncio.sleep", "time.sleep"),
         ("  # cancellation included: a retry must not wait for the lease", ""),
     ]:  # fmt: skip
         asyn = asyn.replace(old, new)

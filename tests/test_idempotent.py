@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import functools
 import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Optional, Union
 
@@ -31,7 +30,7 @@ from goblin_claim import (
     idempotent,
 )
 from goblin_claim.testing import fake_async_redis, fake_redis
-from tests.conftest import Backend, Runner, unique
+from tests.conftest import Backend, Deco, unique
 
 
 class Receipt(pydantic.BaseModel):
@@ -63,49 +62,6 @@ class CardDeclined(Exception):
     def __init__(self, code: str) -> None:
         super().__init__(f"card declined: {code}")
         self.code = code
-
-
-@dataclasses.dataclass
-class Deco:
-    """Decorates a plain function for one kind (sync or async) and calls it synchronously."""
-
-    kind: str
-    client: Any
-    raw: Any
-    run: Runner | None
-
-    def __call__(self, body: Callable[..., Any], **options: Any) -> Callable[..., Any]:
-        """``body`` decorated with ``@idempotent(client, **options)``, callable from sync test code."""
-        options.setdefault("namespace", unique("ns"))
-        if self.run is None:
-            return idempotent(self.client, **options)(body)
-
-        async def as_async(*args: Any, **kwargs: Any) -> Any:
-            return body(*args, **kwargs)
-
-        as_async.__signature__ = inspect.signature(body)  # type: ignore[attr-defined]
-        as_async.__annotations__ = body.__annotations__
-        decorated = idempotent(self.client, **options)(as_async)
-        run = self.run
-        return functools.wraps(body)(lambda *a, **kw: run(decorated(*a, **kw)))
-
-
-@pytest.fixture(params=["sync", "async"])
-def deco(request: pytest.FixtureRequest, backend: Backend) -> Iterator[Deco]:
-    """The decorator on the backend under test, for def and async def."""
-    raw = backend.sync()
-    if request.param == "sync":
-        yield Deco("sync", raw, raw, None)
-        return
-    run = Runner()
-
-    async def make() -> Any:
-        return backend.async_()
-
-    client = run(make())
-    yield Deco("async", client, raw, run)
-    run(client.aclose())
-    run.close()
 
 
 def counter() -> tuple[list[Any], Callable[[Any], None]]:
@@ -594,7 +550,7 @@ def test_without_keep_alive_the_stale_owner_loses(backend: Backend) -> None:
 
 
 def test_keep_alive_marks_a_lost_claim(driver_kind: str, backend: Backend) -> None:
-    """A renewal that finds the claim gone stops, sets lost, and complete() then raises and writes nothing."""
+    """A renewal that finds the claim taken over stops, sets lost, and complete() then raises and writes nothing."""
     from goblin_claim import AsyncClaim, Claim
 
     if driver_kind == "sync":
@@ -602,7 +558,7 @@ def test_keep_alive_marks_a_lost_claim(driver_kind: str, backend: Backend) -> No
         claim = Claim(client, unique(), lease=3)
         claim.acquire()
         with claim.keep_alive(interval=0.2) as keeper:
-            client.delete(claim.claim_key)  # as if the lease had lapsed
+            client.set(claim.claim_key, "other-owner", ex=30)  # as if the lease had lapsed and been taken
             time.sleep(0.6)
         assert keeper.lost
         with pytest.raises(ClaimLostError):
@@ -615,7 +571,7 @@ def test_keep_alive_marks_a_lost_claim(driver_kind: str, backend: Backend) -> No
         claim = AsyncClaim(client, unique(), lease=3)
         await claim.acquire()
         async with claim.keep_alive(interval=0.2) as keeper:
-            await client.delete(claim.claim_key)
+            await client.set(claim.claim_key, "other-owner", ex=30)
             await asyncio.sleep(0.6)
         assert keeper.lost
         with pytest.raises(ClaimLostError):

@@ -63,6 +63,30 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ),
     (" client.script_load(script.source)\n", " await client.script_load(script.source)\n"),
     ("replies = pipe.execute(", "replies = await pipe.execute("),
+    ("    def _acquire(", "    async def _acquire("),
+    ("claim: Claim) -> Any:", "claim: AsyncClaim) -> Any:"),
+    ("    def forget(", "    async def forget("),
+    ("    def _call_and_wait(", "    async def _call_and_wait("),
+    ("    def _pipeline_wait(", "    async def _pipeline_wait("),
+    ("return self._acquire()[0]", "return (await self._acquire())[0]"),
+    ("reply = [self._peek()]", "reply = [await self._peek()]"),
+    ("self._call_and_wait(", "await self._call_and_wait("),
+    ("= self._pipeline_wait(", "= await self._pipeline_wait("),
+    ("return pipe.execute(raise_on_error=False)", "return await pipe.execute(raise_on_error=False)"),
+    (
+        "    node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]\n"
+        "    if node is None or node.redis_connection is None:\n"
+        '        raise InvalidArgumentError(f"no primary known for {claim.claim_key!r}", key=claim.key)\n'
+        "    return node.redis_connection.pipeline(transaction=False)\n",
+        "    # The asyncio cluster client hands each command whichever connection is free,\n"
+        "    # so a WAIT would not count the claim's write.\n"
+        "    raise InvalidArgumentError(\n"
+        '        "replicas= needs one connection for the write and its WAIT, which "\n'
+        '        "redis.asyncio.cluster.RedisCluster does not offer; "\n'
+        '        "use it with redis.asyncio.Redis or the sync RedisCluster",\n'
+        "        key=claim.key,\n"
+        "    )\n",
+    ),
 ]
 
 

@@ -1,4 +1,9 @@
 -- KEYS[1] claim_key: read only
 -- ARGV none
--- returns GET claim_key: the holder's token (or the done marker), or nil when free
-return redis.call("get", KEYS[1])
+-- returns what claim_key holds: the holder's token (or the done marker); nil when
+--   free or not a string (as GOBLIN.CLAIM, which only tests the claim's existence)
+local holder = redis.pcall("get", KEYS[1])
+if type(holder) ~= "string" then
+  return nil
+end
+return holder
