@@ -63,3 +63,26 @@ def test_handler_examples_on_a_real_server(redis_standalone: RedisProcess) -> No
         output = _run(script, REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
         for text in expected:
             assert text in output, (script, text)
+
+
+FENCING = [
+    "greater: True",
+    "'shipped by worker-2': accepted=True",
+    "'shipped by worker-1': accepted=False",
+    "ClaimLostError",
+    "the ledger says: shipped by worker-2",
+]
+
+
+def test_fencing_example_on_the_embedded_fake() -> None:
+    """The fencing example: the stale owner's write is refused by the SQLite store and by complete()."""
+    output = _run("fencing.py", REDIS_URL="")
+    for text in FENCING:
+        assert text in output, text
+
+
+def test_fencing_example_on_a_real_server(redis_standalone: RedisProcess) -> None:
+    """The fencing example runs unchanged against a real server."""
+    output = _run("fencing.py", REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
+    for text in FENCING:
+        assert text in output, text
