@@ -27,7 +27,7 @@ from ._core import (
     Script,
     native_command,
 )
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, UnreadableResultError
 from ._keepalive import AsyncKeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -37,6 +37,7 @@ from ._server import (
     is_unknown_command,
     native_from_command_table,
     native_from_probe,
+    reply_encoding,
     state_of,
     translate,
 )
@@ -149,7 +150,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 completed it with another value; nothing written.
             NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
-        args = self._complete_args(value)
+        args = self._complete_args(value, *reply_encoding(self._client))
         keys = f"{self.claim_key} / {self.result_key}"
         if self._replicas:
             self._completed(*await self._call_and_wait(COMPLETE, args, keys))
@@ -275,6 +276,9 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 return await client.eval(script.source, script.numkeys, *args)
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
+        except UnicodeDecodeError as exc:
+            # A decode_responses client reading bytes someone else stored.
+            raise UnreadableResultError(f"{keys} holds bytes this client cannot decode: {exc}", key=self.key) from exc
 
     async def _call_and_wait(self, script: Script, args: Args, keys: str) -> tuple[object, int]:
         """Run ``script`` and ``WAIT replicas timeout`` on one connection, in one round trip.

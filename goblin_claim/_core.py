@@ -296,7 +296,7 @@ def check_client(client: object, wants_async: bool | None, user: str) -> None:
     Args:
         client: The client passed in.
         wants_async: Whether ``user`` awaits the client's commands; ``None`` checks nothing.
-        user: Who needs the client, for the message (``"Claim"``, ``"@idempotent on def f"``).
+        user: The handle class that needs the client, for the message.
     """
     if wants_async is None:
         return
@@ -312,9 +312,9 @@ def check_client(client: object, wants_async: bool | None, user: str) -> None:
     if kind is None:
         hint = "pass a redis-py client"
     elif wants_async:
-        hint = "use the sync twin (Claim, or a plain def), or a redis.asyncio client"
+        hint = "use Claim for a sync client, or pass a redis.asyncio client"
     else:
-        hint = "use the asyncio twin (AsyncClaim, or an async def), or a sync client"
+        hint = "use AsyncClaim (and await its methods) for an asyncio client, or pass a sync client"
     raise InvalidArgumentTypeError(f"{user} needs {needs}, not {got}; {hint}")
 
 
@@ -532,8 +532,10 @@ class ClaimBase(Generic[ClientT]):
             fence = None
         return Claimed(key=self.key, token=self.token, lease=self.lease, fence=fence)
 
-    def _complete_args(self, value: object) -> tuple[str, str, str, bytes | str, int, str]:
-        stored = check_value(value, self.key)
+    def _complete_args(
+        self, value: object, encoding: str = "utf-8", text_only: bool = False
+    ) -> tuple[str, str, str, bytes | str, int, str]:
+        stored = check_value(value, self.key, text_only=text_only, encoding=encoding)
         return self.claim_key, self.result_key, self.token, stored, self.ttl, DONE_PREFIX + self.token
 
     def _completed(self, reply: object, acknowledged: int | None = None) -> None:

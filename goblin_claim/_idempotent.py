@@ -23,10 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
 
-import redis
-import redis.asyncio
-import redis.asyncio.cluster
-import redis.cluster
 
 from ._async import AsyncClaim
 from ._core import (
@@ -62,8 +58,6 @@ __all__ = ["idempotent"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_SYNC_CLIENTS = (redis.Redis, redis.cluster.RedisCluster)
-_ASYNC_CLIENTS = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
 
 
 class _DefaultFingerprint:
@@ -252,7 +246,9 @@ class _Spec:
         if not key:
             raise InvalidArgumentError("the idempotency key must be a non-empty str, got ''")
         if not key.isascii() and not _is_utf8(key):
-            raise InvalidArgumentError(f"the idempotency key is not encodable as UTF-8 (a lone surrogate?): {key!r}")
+            raise InvalidArgumentError(
+                f"the idempotency key is not encodable as UTF-8 (a lone surrogate?): {describe(key)}"
+            )
         if self.fingerprint is None:
             fp = None
         elif self.fingerprint is ALL_ARGUMENTS:

@@ -25,7 +25,7 @@ from ._core import (
     Script,
     native_command,
 )
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, UnreadableResultError
 from ._keepalive import KeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -35,6 +35,7 @@ from ._server import (
     is_unknown_command,
     native_from_command_table,
     native_from_probe,
+    reply_encoding,
     state_of,
     translate,
 )
@@ -147,7 +148,7 @@ class Claim(ClaimBase["SyncClient"]):
                 completed it with another value; nothing written.
             NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
-        args = self._complete_args(value)
+        args = self._complete_args(value, *reply_encoding(self._client))
         keys = f"{self.claim_key} / {self.result_key}"
         if self._replicas:
             self._completed(*self._call_and_wait(COMPLETE, args, keys))
@@ -273,6 +274,9 @@ class Claim(ClaimBase["SyncClient"]):
                 return client.eval(script.source, script.numkeys, *args)
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
+        except UnicodeDecodeError as exc:
+            # A decode_responses client reading bytes someone else stored.
+            raise UnreadableResultError(f"{keys} holds bytes this client cannot decode: {exc}", key=self.key) from exc
 
     def _call_and_wait(self, script: Script, args: Args, keys: str) -> tuple[object, int]:
         """Run ``script`` and ``WAIT replicas timeout`` on one connection, in one round trip.

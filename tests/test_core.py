@@ -10,7 +10,15 @@ import pytest
 from redis.crc import key_slot
 
 import goblin_claim
-from goblin_claim import Claimed, Completed, InFlight, NativeUnavailableError
+from goblin_claim import (
+    Claimed,
+    ClaimLostError,
+    Completed,
+    InFlight,
+    NativeUnavailableError,
+    NotReplicatedError,
+    ResultLostError,
+)
 from goblin_claim._core import (
     CLAIM,
     COMPLETE,
@@ -92,11 +100,39 @@ def test_distinct_keys_get_distinct_redis_keys() -> None:
 def test_claim_replies_decode_to_outcomes() -> None:
     """CLAIMED (bytes or str) is Claimed, nil is InFlight, anything else is Completed with that value."""
     handle = ClaimBase(None, "k", token="t", lease=5)
-    assert handle._claim_outcome(b"CLAIMED") == Claimed(key="k", token="t", lease=5)
-    assert handle._claim_outcome("CLAIMED") == Claimed(key="k", token="t", lease=5)
-    assert handle._claim_outcome(None) == InFlight(key="k")
-    assert handle._claim_outcome(b"") == Completed(key="k", value=b"")
-    assert handle._claim_outcome("x") == Completed(key="k", value="x")
+    claimed = Claimed(key="k", token="t", lease=5)
+    assert handle._claim_outcome(b"CLAIMED") == (claimed, "t")
+    assert handle._claim_outcome("CLAIMED") == (claimed, "t")
+    assert handle._claim_outcome([b"CLAIMED", 7]) == (Claimed(key="k", token="t", lease=5, fence=7), "t")
+    assert handle._claim_outcome(None) == (InFlight(key="k"), None)
+    assert handle._claim_outcome(b"") == (Completed(key="k", value=b""), None)
+    assert handle._claim_outcome("x") == (Completed(key="k", value="x"), None)
+
+
+def test_in_flight_replies_name_the_holder() -> None:
+    """A list reply names claim_key's holder: another token is InFlight, this one Claimed, a done marker lost."""
+    handle = ClaimBase(None, "k", token="t", lease=5)
+    assert handle._claim_outcome([b"other"]) == (InFlight(key="k"), b"other")
+    assert handle._claim_outcome(["other"]) == (InFlight(key="k"), "other")
+    assert handle._claim_outcome([]) == (InFlight(key="k"), None)
+    assert handle._claim_outcome([None]) == (InFlight(key="k"), None)
+    assert handle._claim_outcome([b"t"]) == (Claimed(key="k", token="t", lease=5), b"t")
+    for marker in (b"done t", "done other"):
+        with pytest.raises(ResultLostError):
+            handle._claim_outcome([marker])
+
+
+def test_complete_replies() -> None:
+    """complete.lua's 1 is success, 0 and 2 are ClaimLostError (2 says another value), WAIT shortfalls raise."""
+    handle = ClaimBase(None, "k", token="t", replicas=2)
+    handle._completed(1, 2)
+    with pytest.raises(ClaimLostError, match="no longer holds"):
+        handle._completed(0)
+    with pytest.raises(ClaimLostError, match="another value"):
+        handle._completed(2)
+    with pytest.raises(NotReplicatedError) as info:
+        handle._completed(1, 1)
+    assert (info.value.acknowledged, info.value.replicas) == (1, 2)
 
 
 def test_scripts_have_headers_and_hashes() -> None:
