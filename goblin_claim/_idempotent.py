@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
 
-
 from ._async import AsyncClaim
 from ._core import (
     DONE_PREFIX,
@@ -57,7 +56,6 @@ __all__ = ["idempotent"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
 
 
 class _DefaultFingerprint:
