@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from goblin_claim import PayloadMismatchError, StillInFlightError, idempotent
 
@@ -39,8 +41,11 @@ class Response:
 def connect() -> redis.asyncio.Redis:
     url = os.environ.get("REDIS_URL")
     if url:
-        # Many concurrent requests: a blocking pool waits for a free connection.
-        return redis.asyncio.Redis.from_pool(redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=32))
+        # Many concurrent requests: a blocking pool waits for a free connection. A pool
+        # made by hand has no retries: give it some, so a lost reply is sent again.
+        retry = Retry(ExponentialWithJitterBackoff(base=0.01, cap=1), retries=3)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=32, retry=retry)
+        return redis.asyncio.Redis.from_pool(pool)
     from goblin_claim.testing import fake_async_redis
 
     return fake_async_redis(native=False)

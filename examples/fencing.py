@@ -59,14 +59,16 @@ def main() -> None:
     print("\n== worker-1 claims the order, then stalls past its 1 s lease")
     slow = Claim(client, order, lease=1, fencing=True, namespace="fencing-example")
     first = slow.acquire()
-    assert isinstance(first, Claimed) and first.fence is not None
+    assert isinstance(first, Claimed)
+    assert first.fence is not None
     print(f"worker-1 holds fence {first.fence}")
     time.sleep(1.2)
 
     print("\n== worker-2 finds the lease lapsed and takes the work over")
     fast = Claim(client, order, lease=30, fencing=True, namespace="fencing-example")
     second = fast.acquire()
-    assert isinstance(second, Claimed) and second.fence is not None
+    assert isinstance(second, Claimed)
+    assert second.fence is not None
     print(f"worker-2 holds fence {second.fence} (greater: {second.fence > first.fence})")
     print(f"worker-2 writes 'shipped by worker-2': accepted={write(db, order, 'shipped by worker-2', second.fence)}")
     fast.complete("shipped by worker-2")
