@@ -25,7 +25,7 @@ from ._core import (
     Script,
     native_command,
 )
-from ._errors import InvalidArgumentError, UnreadableResultError
+from ._errors import ConnectionFailedError, InvalidArgumentError, UnreadableResultError
 from ._keepalive import KeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -200,18 +200,25 @@ class Claim(ClaimBase["SyncClient"]):
 
         Raises:
             StillInFlightError: Still in flight at the deadline.
+            ConnectionFailedError: Redis unreachable through the deadline (a
+                transient failure before it is polled through).
             ResultLostError: The work was completed, but its result is gone.
             ValueError: ``timeout`` is negative.
         """
         schedule = self._wait_schedule(timeout)
         schedule.start(time.monotonic())
         while True:
-            outcome = self.acquire()
-            if not isinstance(outcome, InFlight):
-                return outcome
+            failure = None
+            try:
+                outcome = self.acquire()
+            except ConnectionFailedError as exc:
+                failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
+            else:
+                if not isinstance(outcome, InFlight):
+                    return outcome
             delay = schedule.next_delay(time.monotonic())
             if delay is None:
-                raise schedule.expired()
+                raise failure or schedule.expired()
             time.sleep(delay)
 
     def keep_alive(self, interval: float | None = None) -> KeepAlive:

@@ -24,6 +24,8 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from goblin_claim import AsyncClaim, Claim, idempotent
 from goblin_claim.testing import fake_async_redis, fake_redis
@@ -122,6 +124,7 @@ def _server_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
     def make_async(**kw: Any) -> Any:
         # redis-py 8's asyncio pool refuses work past max_connections; many
         # concurrent tasks need the blocking pool, which waits instead.
+        kw.setdefault("retry", AsyncRetry(ExponentialWithJitterBackoff(base=0.01, cap=0.5), 3))  # as Redis() has
         pool = redis.asyncio.BlockingConnectionPool(host=host, port=port, max_connections=64, timeout=30, **kw)
         return redis.asyncio.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
@@ -290,7 +293,9 @@ class Deco:
         as_async.__annotations__ = body.__annotations__
         decorated = idempotent(self.client, **options)(as_async)
         run = self.run
-        return functools.wraps(body)(lambda *a, **kw: run(decorated(*a, **kw)))
+        wrapped: Any = functools.wraps(body)(lambda *a, **kw: run(decorated(*a, **kw)))
+        wrapped.forget = lambda *a, **kw: run(decorated.forget(*a, **kw))
+        return wrapped  # type: ignore[no-any-return]
 
 
 @pytest.fixture(params=["sync", "async"])

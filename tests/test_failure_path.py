@@ -7,6 +7,7 @@ held back on the wire) live in ``test_faults.py``.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from goblin_claim import (
+    Claim,
     Claimed,
     ClaimLostError,
     Completed,
@@ -302,6 +304,49 @@ def test_decorator_error_after_the_lease_carries_the_result(redis_server_binary:
         assert 0.9 < time.monotonic() - started < 5
         assert info.value.result == "charged o1"
         assert calls == ["o1"]
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_wait_polls_through_a_dropped_connection(redis_standalone: RedisProcess) -> None:
+    """A retry-less waiter whose connection is cut mid-wait keeps polling and gets the result."""
+    waiter = redis_standalone.client(retry=Retry(NoBackoff(), 0))
+    raw = redis_standalone.client()
+    key = unique()
+    owner = Claim(raw, key)
+    owner.acquire()
+    duplicate = Claim(waiter, key)
+    assert isinstance(duplicate.acquire(), InFlight)  # the waiter's connection is open now
+
+    def cut_then_complete() -> None:
+        time.sleep(0.2)
+        raw.execute_command("CLIENT KILL", "TYPE", "normal", "SKIPME", "yes")
+        time.sleep(0.3)
+        owner.complete(b"v")
+
+    thread = threading.Thread(target=cut_then_complete)
+    thread.start()
+    try:
+        assert duplicate.wait(timeout=10) == Completed(key=key, value=b"v")
+    finally:
+        thread.join()
+        waiter.close()
+        raw.close()
+
+
+def test_wait_reports_the_connection_error_at_the_deadline(redis_server_binary: str) -> None:
+    """A server gone for the whole wait: ConnectionFailedError at the deadline, not StillInFlightError."""
+    server = start_server(redis_server_binary)
+    client = server.client(retry=Retry(NoBackoff(), 0), socket_connect_timeout=0.2)
+    try:
+        claim = Claim(client, unique())
+        claim.acquire()
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailedError):
+            claim.wait(timeout=0.5)
+        assert 0.4 < time.monotonic() - started < 3
     finally:
         client.close()
         server.stop()
