@@ -60,7 +60,10 @@ _CLAIMED_REPLIES: Final = (CLAIMED.encode(), CLAIMED)
 MAX_SECONDS: Final = 2**31 - 1
 
 # Namespaces already validated: most services use one or two, on every request.
+# Bounded: a service minting namespaces (one per tenant, say) empties the set when
+# it passes the limit and revalidates, so a hit stays one set lookup.
 _NAMESPACES_SEEN: set[str] = set()
+NAMESPACES_SEEN_MAX: Final = 4096
 
 # What complete() leaves in claim_key. It contains a space, which no token may
 # contain, so a completed claim never matches an owner check.
@@ -208,6 +211,13 @@ def check_namespace(value: object) -> str:
     return namespace
 
 
+def _remember_namespace(namespace: str) -> None:
+    # Emptied rather than evicted one by one: cheap, and a hit never pays for the bound.
+    if len(_NAMESPACES_SEEN) >= NAMESPACES_SEEN_MAX:
+        _NAMESPACES_SEEN.clear()
+    _NAMESPACES_SEEN.add(namespace)
+
+
 def check_token(value: object) -> str:
     """Return a valid token: a non-empty str of printable characters without whitespace."""
     token = _check_text("token", value)
@@ -272,7 +282,10 @@ def check_native(value: object) -> NativeMode:
 
 # Per client type: True when its commands are coroutines (asyncio), False when not.
 # Judged by what the client does, so redis-py-compatible clients keep working.
+# Bounded like _NAMESPACES_SEEN: types made at run time (a mock's class per
+# instance) would otherwise be kept alive here for good.
 _CLIENT_KINDS: dict[type, bool] = {}
+CLIENT_KINDS_MAX: Final = 256
 _CLIENT_METHODS: Final = ("execute_command", "evalsha", "eval")
 
 
@@ -286,7 +299,10 @@ def client_kind(client: object) -> bool | None:
     if kind is None:
         if not all(callable(getattr(client, name, None)) for name in _CLIENT_METHODS):
             return None
-        kind = _CLIENT_KINDS[type(client)] = inspect.iscoroutinefunction(client.execute_command)  # type: ignore[attr-defined]
+        kind = inspect.iscoroutinefunction(client.execute_command)  # type: ignore[attr-defined]
+        if len(_CLIENT_KINDS) >= CLIENT_KINDS_MAX:
+            _CLIENT_KINDS.clear()
+        _CLIENT_KINDS[type(client)] = kind
     return kind
 
 
@@ -433,7 +449,7 @@ class ClaimBase(Generic[ClientT]):
             _check_text("key", key)
         self.key = key
         if type(namespace) is not str or namespace not in _NAMESPACES_SEEN:
-            _NAMESPACES_SEEN.add(check_namespace(namespace))
+            _remember_namespace(check_namespace(namespace))
         self.claim_key, self.result_key = build_keys(namespace, key)
         self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
         self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)

@@ -16,12 +16,16 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import os
 import sys
+import threading
 import time
+import types
 import typing
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from ._async import AsyncClaim
 from ._core import (
@@ -37,7 +41,15 @@ from ._core import (
     describe,
     new_token,
 )
-from ._envelope import Codec, ErrorEnvelope, fingerprint_of, replayed
+from ._envelope import (
+    Codec,
+    ErrorEnvelope,
+    FingerprintParameters,
+    UnstorableEnvelope,
+    fingerprint_of,
+    fingerprint_parameters,
+    replayed,
+)
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -56,10 +68,43 @@ __all__ = ["idempotent"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class IdempotentFunction(Protocol[P, R_co]):
+    """A ``def`` decorated with ``@idempotent``: called as before, plus ``forget``."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def forget(self, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Reopen the key these arguments map to (``Claim.forget()``); ``True`` if there was anything."""
+        ...
+
+
+class AsyncIdempotentFunction(Protocol[P, R_co]):
+    """An ``async def`` decorated with ``@idempotent``: awaited as before, plus an awaitable ``forget``."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
+
+    def forget(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, bool]:
+        """Reopen the key these arguments map to (``AsyncClaim.forget()``); ``True`` if there was anything."""
+        ...
+
+
+class Decorator(Protocol):
+    """What ``idempotent(...)`` returns: applied to a ``def`` or an ``async def``."""
+
+    @overload
+    def __call__(  # type: ignore[overload-overlap]  # a coroutine function is a callable too: first match wins
+        self, func: Callable[P, Coroutine[Any, Any, R]]
+    ) -> AsyncIdempotentFunction[P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, R]) -> IdempotentFunction[P, R]: ...
 
 
 class _DefaultFingerprint:
-    """Marker for the default fingerprint: a hash of all bound arguments."""
+    """Marker for the default fingerprint: every argument but a method's self or cls, and those at their default."""
 
     def __repr__(self) -> str:
         return "<all arguments>"
@@ -76,13 +121,13 @@ def idempotent(
     ttl: int = 86400,
     wait: float = 10.0,
     namespace: str | None = None,
-    fingerprint: Callable[..., str] | None = ALL_ARGUMENTS,
+    fingerprint: Callable[..., str] | tuple[str, ...] | None = ALL_ARGUMENTS,
     replay_errors: tuple[type[BaseException], ...] = (),
     keep_alive: bool = True,
     native: NativeMode = "auto",
     replicas: int = 0,
     replica_timeout_ms: int = 500,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
+) -> Decorator:
     """Run the decorated function once per key; every duplicate gets an equal result.
 
     Works on ``def`` with a sync client (``redis.Redis``, ``RedisCluster``) and on
@@ -93,17 +138,23 @@ def idempotent(
     to ``wait`` seconds, taking the work over if its lease lapses.
 
     Args:
-        client: The redis-py client (sync for ``def``, asyncio for ``async def``).
+        client: The redis-py client (sync for ``def``, asyncio for ``async def``), or a
+            function of no arguments returning it, called on the first call.
         key: A function of the decorated function's own arguments returning the
-            idempotency key (a non-empty str), or the name of a parameter holding it.
+            idempotency key, or the name of a parameter holding it: a non-empty str,
+            an int or a UUID.
         lease: Seconds a crashed caller's claim blocks the key.
         ttl: Seconds a result is kept and replayed.
         wait: Seconds a duplicate waits for in-flight work; ``0`` raises
             ``StillInFlightError`` at once.
         namespace: Key prefix; default ``<module>.<qualified name>`` of the
-            function, so renaming or moving it starts afresh: pass a namespace to pin it.
-        fingerprint: What identifies "the same call": by default all bound
-            arguments; a function of the arguments returning a str; or ``None`` to
+            function, the module as ``import`` names it (also when run as a script),
+            so renaming or moving it starts afresh: pass a namespace to pin it.
+            Required for partials and callable objects.
+        fingerprint: What identifies "the same call": by default every argument
+            but a method's ``self``/``cls`` and those left at their default (secrets
+            and bytes by a hash of their value); a tuple of parameter names to count
+            only those; a function of the arguments returning a str; or ``None`` to
             not compare. A different fingerprint under the same key raises
             ``PayloadMismatchError``, in flight and after completion.
         replay_errors: Exception types that are terminal outcomes: stored as data
@@ -120,12 +171,17 @@ def idempotent(
         @idempotent(client, key="order_id", ttl=86400)
         def charge(order_id: str, amount: int) -> Receipt: ...
 
+    Once the function has returned, nothing runs it again: a result that cannot
+    be stored (it would not come back equal and of the same type) is kept as a
+    terminal ``ResultNotSerializableError`` for duplicates, the first caller's
+    carrying ``.result``. Generators and iterator results are refused.
+
     Not guaranteed: a function whose claim is lost (its lease lapsed without
-    renewal) may have run twice; its late result raises ``ClaimLostError`` and is
-    not stored. Results must be JSON-serializable for their annotation.
+    renewal and another caller took it) may have run twice; its late result raises
+    ``ClaimLostError`` and is not stored.
     """
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+    def decorate(func: Callable[..., Any]) -> Any:
         spec = _Spec(
             func, client, key, lease, ttl, wait, namespace, fingerprint, replay_errors, keep_alive, native,
             replicas, replica_timeout_ms,
@@ -135,14 +191,24 @@ def idempotent(
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 return await _call_async(spec, args, kwargs)
 
-            return cast(Callable[P, R], functools.wraps(func)(run_async))
+            async def forget_async(*args: Any, **kwargs: Any) -> bool:
+                return await AsyncClaim(spec.client, spec.key_of(args, kwargs), namespace=spec.namespace).forget()
+
+            wrapped: Any = functools.wraps(func)(run_async)
+            wrapped.forget = forget_async
+            return wrapped
 
         def run_sync(*args: Any, **kwargs: Any) -> Any:
             return _call_sync(spec, args, kwargs)
 
-        return cast(Callable[P, R], functools.wraps(func)(run_sync))
+        def forget_sync(*args: Any, **kwargs: Any) -> bool:
+            return Claim(spec.client, spec.key_of(args, kwargs), namespace=spec.namespace).forget()
 
-    return decorate
+        wrapped = functools.wraps(func)(run_sync)
+        wrapped.forget = forget_sync
+        return wrapped
+
+    return cast(Decorator, decorate)
 
 
 @dataclass(frozen=True)
@@ -166,7 +232,7 @@ class _Spec:
         ttl: int,
         wait: float,
         namespace: str | None,
-        fingerprint: Callable[..., str] | None,
+        fingerprint: Callable[..., str] | tuple[str, ...] | None,
         replay_errors: tuple[type[BaseException], ...],
         keep_alive: bool,
         native: NativeMode,
@@ -177,9 +243,19 @@ class _Spec:
             raise InvalidArgumentTypeError(f"@idempotent decorates a function, not {describe(func)}")
         self.func = func
         self.name = _name_of(func)
-        self.client = client
-        self.is_async = inspect.iscoroutinefunction(func)
-        _check_client(self.name, client, self.is_async)
+        target = _target(func)
+        _refuse_generators(target, self.name)
+        self.is_async = inspect.iscoroutinefunction(target)
+        self._client: Any = None
+        self._client_factory: Callable[[], Any] | None = None
+        self._client_lock = threading.Lock()
+        if client_kind(client) is None and callable(client):
+            # A factory, resolved on the first call: the client may not exist yet
+            # when the module is imported (an application's start-up, a test's fixture).
+            self._client_factory = client
+        else:
+            _check_client(self.name, client, self.is_async)
+            self._client = client
         try:
             self.signature = inspect.signature(func)
         except (TypeError, ValueError) as exc:  # a builtin without a signature, say
@@ -199,15 +275,24 @@ class _Spec:
         self.ttl = check_seconds("ttl", ttl)
         self.wait = check_timeout("wait", wait)
         if namespace is None:  # an empty namespace is refused below, like Claim's, not replaced
-            if not isinstance(getattr(func, "__module__", None), str) or not isinstance(
-                getattr(func, "__qualname__", None), str
-            ):
-                raise InvalidArgumentError(f"{self.name} has no module and qualified name: pass namespace=")
-            namespace = f"{func.__module__}.{func.__qualname__}"
+            namespace = default_namespace(func)
+            if namespace is None:
+                raise InvalidArgumentError(
+                    f"cannot name a default namespace for {self.name} (no module and qualified name, or defined "
+                    "where there is no file: a REPL, python -c): pass namespace="
+                )
         self.namespace = check_namespace(namespace)
-        if fingerprint is not None and fingerprint is not ALL_ARGUMENTS and not callable(fingerprint):
+        # The parameters the fingerprint counts, chosen once: every one but a
+        # method's self/cls by default, or the tuple's names.
+        self.counted: FingerprintParameters | None = None
+        if fingerprint is ALL_ARGUMENTS or isinstance(fingerprint, tuple):
+            names = None if fingerprint is ALL_ARGUMENTS else fingerprint
+            self.counted = fingerprint_parameters(self.signature, names, self.name)
+        elif fingerprint is not None and not callable(fingerprint):
+            hint = f" (one parameter: fingerprint=({describe(fingerprint)},))" if isinstance(fingerprint, str) else ""
             raise InvalidArgumentTypeError(
-                f"fingerprint must be a function, None or left out, not {describe(fingerprint)}"
+                f"fingerprint must be a function, a tuple of parameter names, None or left out, "
+                f"not {describe(fingerprint)}{hint}"
             )
         self.fingerprint = fingerprint
         if not isinstance(replay_errors, tuple) or not all(
@@ -222,7 +307,21 @@ class _Spec:
         self.keep_alive = keep_alive
         self.native = check_native(native)
         self.replicas, self.replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
-        self.codec: Codec[Any] = Codec(_return_type(func, self.name))
+        self.codec: Codec[Any] = Codec(_return_type(target, self.name))
+
+    @property
+    def client(self) -> Any:
+        """The client, made by the factory on first use when a factory was given."""
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    assert self._client_factory is not None
+                    made = self._client_factory()
+                    _check_client(self.name, made, self.is_async)
+                    self._client = made
+                client = self._client
+        return client
 
     def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
         """The key, fingerprint and token of one call (no I/O)."""
@@ -231,34 +330,26 @@ class _Spec:
         except TypeError as exc:  # what calling the function itself would raise
             raise InvalidArgumentTypeError(f"{self.name}(): {exc}") from exc
         bound.apply_defaults()
-        if isinstance(self.key, str):
-            key = bound.arguments[self.key]
-            if type(key) is int:  # an integer id is a fine key; bool is not
-                key = _int_key(key)
-        else:
-            key = self.key(*args, **kwargs)
+        key = bound.arguments[self.key] if isinstance(self.key, str) else self.key(*args, **kwargs)
         if type(key) is not str:
-            raise InvalidArgumentTypeError(
-                f"the idempotency key must be a non-empty str, got {type(key).__name__} {describe(key)}"
-            )
+            key = _key_text(key)
         if not key:
             raise InvalidArgumentError("the idempotency key must be a non-empty str, got ''")
         if not key.isascii() and not _is_utf8(key):
             raise InvalidArgumentError(
                 f"the idempotency key is not encodable as UTF-8 (a lone surrogate?): {describe(key)}"
             )
-        if self.fingerprint is None:
-            fp = None
-        elif self.fingerprint is ALL_ARGUMENTS:
+        fp: str | None = None
+        if self.counted is not None:  # all arguments, or the tuple's
             try:
-                fp = fingerprint_of(bound.arguments, key)
+                fp = fingerprint_of(bound.arguments, self.counted, key)
             except RecursionError as exc:  # arguments that contain themselves, or nest past the stack
                 raise InvalidArgumentTypeError(
                     f"cannot fingerprint the arguments for {key!r}: they nest too deeply (or contain themselves); "
                     "pass fingerprint= a function of the arguments that returns a str, or fingerprint=None",
                     key=key,
                 ) from exc
-        else:
+        elif callable(self.fingerprint):
             custom = self.fingerprint(*args, **kwargs)
             if type(custom) is not str:
                 raise InvalidArgumentTypeError(
@@ -273,6 +364,10 @@ class _Spec:
         # The fingerprint rides in the token, which the claim key stores: an
         # in-flight duplicate can compare it with one GET.
         return _Call(key, fp, f"{new_token()}.{fp}" if fp else None)
+
+    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The idempotency key the arguments map to (no I/O)."""
+        return self.prepare(args, kwargs).key
 
     def store_schedule(self, call: _Call) -> WaitSchedule:
         """How long the final write is retried: while the lease lasts."""
@@ -296,6 +391,12 @@ class _Spec:
             raise self.mismatch(call)
         if isinstance(envelope, ErrorEnvelope):
             raise replayed(envelope.error, call.key)
+        if isinstance(envelope, UnstorableEnvelope):
+            raise ResultNotSerializableError(
+                f"the first call for {call.key!r} ran, but its result could not be kept ({envelope.reason}); "
+                "it is not run again until the ttl ends or the key is forgotten",
+                key=call.key,
+            )
         return envelope.value
 
     def mismatch(self, call: _Call) -> PayloadMismatchError:
@@ -347,9 +448,103 @@ def _check_client(name: str, client: Any, is_async: bool) -> None:
     )
 
 
+def _target(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What actually runs: the function inside partials, a callable object's ``__call__``."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    if not inspect.isfunction(func) and not inspect.ismethod(func) and not inspect.isbuiltin(func):
+        # A callable object: its class's __call__ is a plain function.
+        call = next((vars(base)["__call__"] for base in type(func).__mro__ if "__call__" in vars(base)), None)
+        if inspect.isfunction(call):
+            return types.MethodType(call, func)
+    return func
+
+
+def _refuse_generators(target: Callable[..., Any], name: str) -> None:
+    if inspect.isasyncgenfunction(target):
+        raise InvalidArgumentTypeError(
+            f"@idempotent cannot replay the async generator {name}: the first caller would consume it and "
+            "duplicates could not get the same items; make it an async def that returns a list"
+        )
+    if inspect.isgeneratorfunction(target):
+        raise InvalidArgumentTypeError(
+            f"@idempotent cannot replay the generator {name}: the first caller would get a used-up iterator "
+            "and duplicates a list; make it a def that returns a list"
+        )
+
+
+# What a module is called while Python runs it as the program (and, in a
+# multiprocessing child started with "spawn" or "forkserver", its re-import).
+_MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+def default_namespace(func: Callable[..., Any]) -> str | None:
+    """``<module>.<qualified name>`` of ``func``, the same however the process was started.
+
+    A function of the program Python runs is in ``__main__`` (``__mp_main__`` in a
+    multiprocessing child): its module is named as ``import`` would name it, so
+    ``python pkg/mod.py``, ``python -m pkg.mod`` and ``import pkg.mod`` agree when
+    ``pkg`` is a package (a directory with ``__init__.py``).
+
+    Returns:
+        The namespace, or ``None`` when it cannot be told: ``func`` has no module or
+        qualified name, or it was defined where there is no file (a REPL, ``python -c``).
+    """
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    if module in _MAIN_MODULES:
+        imported = _imported_name(sys.modules.get(module))
+        if imported is None:
+            return None
+        module = imported
+    return f"{module}.{qualname}"
+
+
+def _imported_name(main: object) -> str | None:
+    # python -m pkg.mod keeps the module's import name in its spec; a directory or
+    # zip run as a program has the spec name "__main__", and a script no spec.
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if isinstance(name, str) and name not in _MAIN_MODULES:
+        return name
+    # A script: the file the program runs (also the file of every function in it,
+    # even one wrapped by a decorator from elsewhere); none in a REPL or python -c.
+    path = getattr(main, "__file__", None)
+    return module_name_of_path(path) if isinstance(path, str) and path else None
+
+
+def module_name_of_path(path: str) -> str | None:
+    """The dotted name ``import`` gives the module in ``path``: up through each directory with ``__init__.py``.
+
+    Example: ``/srv/app/pkg/mod.py``, with ``/srv/app/pkg/__init__.py``, is ``pkg.mod``.
+    """
+    directory, filename = os.path.split(os.path.abspath(path))
+    stem = os.path.splitext(filename)[0]
+    parts = [] if stem == "__init__" else [stem]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        directory, package = os.path.split(directory)
+        if not package.isidentifier():  # not importable as a package: the module is imported from below it
+            break
+        parts.insert(0, package)
+    return ".".join(parts) or None
+
+
 def _name_of(func: Callable[..., Any]) -> str:
     name = getattr(func, "__qualname__", None)
     return name if isinstance(name, str) else describe(func)
+
+
+def _key_text(key: object) -> str:
+    # An integer id or a UUID is a fine key, as text (a UUID in its canonical
+    # form); a bool is no id, and anything else has no single text form.
+    if type(key) is int:
+        return _int_key(key)
+    if isinstance(key, uuid.UUID):
+        return str(key)
+    raise InvalidArgumentTypeError(
+        f"the idempotency key must be a non-empty str, an int or a UUID, got {type(key).__name__} {describe(key)}"
+    )
 
 
 def _int_key(key: int) -> str:
@@ -412,8 +607,10 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         raise
     try:
         payload = spec.codec.encode_result(result, call.fp, call.key)
-    except ResultNotSerializableError:
-        _release_quietly(claim)
+    except ResultNotSerializableError as exc:
+        # The function ran: fail closed. Duplicates are told, nothing runs again.
+        _store(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result)
+        exc.result = result
         raise
     _store(spec, claim, call, payload, result)
     return result
@@ -478,8 +675,10 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
         raise
     try:
         payload = spec.codec.encode_result(result, call.fp, call.key)
-    except ResultNotSerializableError:
-        await _release_quietly_async(claim)
+    except ResultNotSerializableError as exc:
+        # The function ran: fail closed. Duplicates are told, nothing runs again.
+        await _store_async(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result)
+        exc.result = result
         raise
     await _store_async(spec, claim, call, payload, result)
     return result

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import functools
 import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from decimal import Decimal
 from typing import Any, Optional, Union
 
@@ -22,6 +23,8 @@ from typing_extensions import TypedDict  # pydantic needs this one before Python
 
 from goblin_claim import (
     ClaimLostError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     PayloadMismatchError,
     ReplayedError,
     ResultNotSerializableError,
@@ -140,32 +143,68 @@ def test_typed_results_round_trip(deco: Deco, annotation: Any, value: Any) -> No
     assert type(replayed) is type(value)
 
 
-def test_unserializable_result_releases_and_stores_nothing(deco: Deco) -> None:
-    """A result pydantic cannot store raises ResultNotSerializableError; the claim is freed, nothing stored."""
+def test_unserializable_result_fails_closed(deco: Deco) -> None:
+    """A result pydantic cannot store: the first caller gets it in .result, duplicates an error, nothing re-runs."""
     calls, record = counter()
     namespace = unique("ns")
+    made = object()
 
     def work(k: str) -> Any:
         record(k)
-        return object()
+        return made
 
     wrapped = deco(work, key="k", namespace=namespace)
-    with pytest.raises(ResultNotSerializableError):
+    with pytest.raises(ResultNotSerializableError) as first:
         wrapped("k")
-    assert deco.raw.exists(f"{namespace}:{{k}}:claim", f"{namespace}:{{k}}:result") == 0
+    assert first.value.result is made
+    assert deco.raw.ttl(f"{namespace}:{{k}}:result") > 0
+    with pytest.raises(ResultNotSerializableError, match="could not be kept") as duplicate:
+        wrapped("k")
+    assert duplicate.value.result is None
+    assert calls == ["k"]
+    assert wrapped.forget("k") is True  # an operator reopens it: the next call runs again
     with pytest.raises(ResultNotSerializableError):
         wrapped("k")
     assert calls == ["k", "k"]
 
 
-def test_result_not_matching_its_annotation_is_refused(deco: Deco) -> None:
-    """A function annotated -> int that returns a str does not store something else."""
+@pytest.mark.parametrize(
+    ("annotation", "value"),
+    [(int, "not an int"), (Any, datetime.datetime(2026, 11, 30)), (Any, Decimal("1.5")), (Any, (1, 2)),
+     (Any, {1: "a"}), (Any, Point(1, 2)), (float, 3), (bytes, "text")],
+    ids=["str-for-int", "any-datetime", "any-decimal", "any-tuple", "any-int-keys", "any-dataclass", "int-for-float",
+         "str-for-bytes"],
+)  # fmt: skip
+def test_results_that_would_replay_differently_fail_closed(deco: Deco, annotation: Any, value: Any) -> None:
+    """A result that would come back unequal or of another type is not stored as a value; the work is not re-run."""
+    calls, record = counter()
 
-    def work(k: str) -> int:
-        return "not an int"  # type: ignore[return-value]
+    def work(k: str) -> Any:
+        record(k)
+        return value
 
+    work.__annotations__["return"] = annotation
+    wrapped = deco(work, key="k")
+    with pytest.raises(ResultNotSerializableError) as info:
+        wrapped("k")
+    assert info.value.result == value
     with pytest.raises(ResultNotSerializableError):
-        deco(work, key="k")("k")
+        wrapped("k")
+    assert calls == ["k"]
+
+
+@pytest.mark.parametrize("value", [b"", b"\x00\xff\xfe binary", bytes(range(256))])
+def test_bytes_results_round_trip_exactly(deco: Deco, value: bytes) -> None:
+    """-> bytes results, UTF-8 or not, come back as the same bytes."""
+
+    def work(k: str) -> bytes:
+        return value
+
+    wrapped = deco(work, key="k")
+    assert wrapped("k") == value
+    replay = wrapped("k")
+    assert replay == value
+    assert type(replay) is bytes
 
 
 def test_foreign_value_at_result_key_is_a_clear_error(deco: Deco) -> None:
@@ -350,6 +389,137 @@ def test_sync_async_mismatch_is_a_type_error_at_decoration() -> None:
         idempotent(fake_redis(native=False), key="k")(async_work)
     with pytest.raises(TypeError, match="async def"):
         idempotent(fake_async_redis(native=False), key="k")(sync_work)
+
+
+def test_generators_are_refused_at_decoration() -> None:
+    """A generator or async generator function is refused with a message that fits each."""
+
+    def numbers(k: str) -> Iterator[int]:
+        yield 1
+
+    async def async_numbers(k: str) -> AsyncIterator[int]:
+        yield 1
+
+    with pytest.raises(InvalidArgumentTypeError, match=r"generator .*a def that returns a list"):
+        idempotent(fake_redis(native=False), key="k")(numbers)
+    with pytest.raises(InvalidArgumentTypeError, match=r"async generator .*an async def that returns a list"):
+        idempotent(fake_async_redis(native=False), key="k")(async_numbers)
+
+
+def test_iterator_annotations_are_refused_at_decoration() -> None:
+    """A def annotated to return an iterator cannot replay it: refused when decorating."""
+
+    def lazy(k: str) -> Iterator[int]:
+        return iter([1])
+
+    with pytest.raises(InvalidArgumentTypeError, match="cannot be replayed"):
+        idempotent(fake_redis(native=False), key="k")(lazy)
+
+
+def test_partials_and_callable_objects_can_be_decorated(backend: Backend) -> None:
+    """functools.partial objects and callable instances work with namespace=; without it, a clear error."""
+    calls: list[str] = []
+
+    def charge(currency: str, order_id: str) -> str:
+        calls.append(order_id)
+        return f"{order_id} in {currency}"
+
+    class Charger:
+        def __call__(self, order_id: str) -> str:
+            calls.append(order_id)
+            return f"{order_id} charged"
+
+    client = backend.sync()
+    in_euros = idempotent(client, key="order_id", namespace=unique("ns"))(functools.partial(charge, "EUR"))
+    assert in_euros("o1") == in_euros("o1") == "o1 in EUR"
+    charger = idempotent(client, key="order_id", namespace=unique("ns"))(Charger())
+    assert charger("o2") == charger("o2") == "o2 charged"
+    assert calls == ["o1", "o2"]
+    with pytest.raises(InvalidArgumentError, match="namespace="):
+        idempotent(fake_redis(native=False), key="order_id")(functools.partial(charge, "EUR"))
+
+
+def test_async_callable_objects_and_partials_are_async() -> None:
+    """A partial of an async def, or an object with an async __call__, needs an asyncio client."""
+
+    async def charge(currency: str, order_id: str) -> str:
+        return order_id
+
+    class Charger:
+        async def __call__(self, order_id: str) -> str:
+            return order_id
+
+    for func in (functools.partial(charge, "EUR"), Charger()):
+        with pytest.raises(InvalidArgumentTypeError, match="asyncio client"):
+            idempotent(fake_redis(native=False), key="order_id", namespace="ns")(func)
+        decorated = idempotent(fake_async_redis(native=False), key="order_id", namespace="ns")(func)
+        assert asyncio.run(decorated(order_id="o1")) == "o1"
+
+
+def test_client_factory_is_resolved_on_the_first_call(backend: Backend) -> None:
+    """A zero-argument callable gives the client on the first call, once; a wrong kind fails there."""
+    made: list[Any] = []
+
+    def factory() -> Any:
+        made.append(backend.sync())
+        return made[-1]
+
+    @idempotent(factory, key="k", namespace=unique("ns"))
+    def work(k: str) -> str:
+        return k.upper()
+
+    assert made == []  # nothing made at import time
+    assert work("a") == work("a") == "A"
+    assert len(made) == 1
+
+    @idempotent(lambda: fake_async_redis(native=False), key="k", namespace=unique("ns"))
+    def wrong_kind(k: str) -> str:
+        return k
+
+    with pytest.raises(InvalidArgumentTypeError, match="sync client"):
+        wrong_kind("a")
+
+
+def test_async_client_factory(backend: Backend) -> None:
+    """An async def with a factory of asyncio clients, made inside the running loop."""
+
+    async def scenario() -> None:
+        clients: list[Any] = []
+
+        def factory() -> Any:
+            clients.append(backend.async_())
+            return clients[-1]
+
+        calls: list[str] = []
+
+        @idempotent(factory, key="k", namespace=unique("ns"))
+        async def work(k: str) -> str:
+            calls.append(k)
+            return k.upper()
+
+        assert await work("a") == await work("a") == "A"
+        assert await work.forget("a") is True
+        assert await work("a") == "A"
+        assert calls == ["a", "a"]
+        await clients[0].aclose()
+
+    asyncio.run(scenario())
+
+
+def test_forget_reopens_the_key_of_these_arguments(deco: Deco) -> None:
+    """decorated.forget(*args) deletes that key's claim and result; the next call runs again."""
+    calls: list[str] = []
+
+    def charge(order_id: str, amount: int) -> str:
+        calls.append(order_id)
+        return f"{order_id}:{amount}"
+
+    wrapped = deco(charge, key="order_id")
+    assert wrapped("o1", 5) == "o1:5"
+    assert wrapped.forget("o2", 5) is False
+    assert wrapped.forget("o1", 5) is True
+    assert wrapped("o1", 6) == "o1:6"  # a new first call: no mismatch with the forgotten one
+    assert calls == ["o1", "o1"]
 
 
 @pytest.mark.parametrize(

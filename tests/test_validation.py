@@ -405,10 +405,9 @@ class CallableObject:
 
 @pytest.mark.parametrize(
     ("target", "options"),
-    [(42, {}), (CallableObject(), {}), (CallableObject(), {"namespace": "n"}), (work, {"keep_alive": "yes"}),
+    [(42, {}), (CallableObject(), {}), (work, {"keep_alive": "yes"}),
      (work, {"key": "args"}), (work, {"native": ["auto"]}), (work, {"fingerprint": 3})],
-    ids=["not-callable", "object-default-namespace", "object-no-return-type", "keep_alive", "missing-key",
-         "native", "fingerprint"],
+    ids=["not-callable", "object-default-namespace", "keep_alive", "missing-key", "native", "fingerprint"],
 )  # fmt: skip
 def test_decorating_odd_targets_raises_the_tree(target: Any, options: dict[str, Any]) -> None:
     """Decorating a non-function, or with a non-bool keep_alive or odd options, raises InvalidArgument*."""

@@ -33,6 +33,8 @@ async def charge_async(order_id: str, amount: int) -> str:
 
 assert_type(charge("o-1", 5), int)
 charge("o-1", "five")  # type: ignore[arg-type]
+assert_type(charge.forget("o-1", 5), bool)
+charge.forget("o-1")  # type: ignore[call-arg]
 
 
 async def call_async() -> None:
@@ -40,6 +42,8 @@ async def call_async() -> None:
     pending: Coroutine[Any, Any, str] = charge_async("o-1", 5)
     assert_type(await pending, str)
     await charge_async(order_id="o-1")  # type: ignore[call-arg]
+    assert_type(await charge_async.forget("o-1", 5), bool)
+    await charge_async.forget("o-1", amount="5")  # type: ignore[arg-type]
 
 
 def outcomes() -> None:
