@@ -120,9 +120,12 @@ class ReplayedError(GoblinClaimError):
 
 
 class ResultNotSerializableError(GoblinClaimError, TypeError):
-    """The function's result cannot be stored as JSON for its return annotation.
+    """The function's result cannot be stored so that duplicates get what ran.
 
-    The claim was released and nothing was stored.
+    It does not serialize as its annotation says, would come back unequal or of
+    another type, or is too large. The function ran, so the key fails closed: the
+    first caller gets this with the value in ``.result``; duplicates get it too
+    (``.result`` is ``None``) until the ttl ends or the key is forgotten.
     """
 
 
