@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,14 @@ def test_decorator_flows_mirror_each_other() -> None:
     ]:  # fmt: skip
         asyn = asyn.replace(old, new)
     assert asyn == sync
+
+
+def test_every_test_the_readme_names_exists() -> None:
+    """Each promise in the README names tests that prove it; those tests exist under those names."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    named = set(re.findall(r"`(test_\w+)`", readme))
+    defined = set()
+    for path in (ROOT / "tests").glob("test_*.py"):
+        defined |= set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text("utf-8"), flags=re.MULTILINE))
+    assert len(named) > 20
+    assert named <= defined, sorted(named - defined)
