@@ -1,15 +1,25 @@
-"""Lease renewal while work runs: a daemon thread (sync) or a task (asyncio).
+"""Lease renewal while work runs, at no thread or task per claim.
 
-Both renew every ``interval`` seconds (about a third of the lease by default),
-stop when their block exits, and stop and set ``lost`` when a renewal finds the
-claim no longer held; a transient failure (a dropped connection) is retried at
-the next tick rather than raised into the void.
+Sync claims share one daemon thread per process that keeps a deadline heap of
+the leases it renews; asyncio claims use their event loop's own timer heap
+(``loop.call_at``), one timer per claim, and spend a task only while a renewal
+is on the wire. Entering or leaving a keep-alive costs a few microseconds: a
+heap push and a flag (sync), a timer scheduled and cancelled (asyncio).
+
+Every ``interval`` seconds (a third of the lease by default) each claim is
+extended. A renewal that finds the claim no longer held stops and sets ``lost``;
+a transient failure (a dropped connection) is retried at the next tick rather
+than raised into the void.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import os
 import threading
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -23,13 +33,13 @@ if TYPE_CHECKING:
 __all__ = ["AsyncKeepAlive", "KeepAlive"]
 
 
-class _Renewer:
+class _Renewal:
     """What both keep-alives share.
 
     Attributes:
         interval: Seconds between renewals.
-        lost: Set when a renewal found the claim gone; ``complete()`` will then
-            raise ``ClaimLostError``.
+        lost: Set when a renewal found the claim gone; ``complete()`` then stores
+            the result only if nobody claimed the key since.
         renewals: How many renewals succeeded.
     """
 
@@ -37,72 +47,152 @@ class _Renewer:
         self.interval = renew_interval(claim.lease, interval, claim.key)
         self.lost = False
         self.renewals = 0
+        self._stopped = False
 
 
-class KeepAlive(_Renewer):
-    """Renews a ``Claim``'s lease from a daemon thread while the ``with`` block runs."""
+class KeepAlive(_Renewal):
+    """Renews a ``Claim``'s lease from the process's renewer thread while the ``with`` block runs."""
 
     def __init__(self, claim: Claim, interval: float | None = None) -> None:
         super().__init__(claim, interval)
         self._claim = claim
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> KeepAlive:
-        self._thread = threading.Thread(
-            target=self._run, name=f"goblin-claim keep-alive {self._claim.key}", daemon=True
-        )
-        self._thread.start()
+        _renewer().add(self)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        _renewer().discard(self)
+
+    def _renew(self) -> bool:
+        """One renewal, on the renewer thread; whether to renew again."""
+        try:
+            self._claim.extend()
+        except ClaimLostError:
+            self.lost = True
+            return False
+        except GoblinClaimError:
+            return True  # transient: the next tick tries again while the lease lasts
+        self.renewals += 1
+        return True
+
+
+class _Renewer:
+    """One daemon thread renewing every registered ``KeepAlive`` at its deadline.
+
+    The heap holds ``(deadline, sequence, keep_alive)``; a keep-alive that leaves
+    is only marked stopped, and is dropped when it reaches the top (or when the
+    stopped ones outnumber the live ones, so a busy process's heap stays small).
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, KeepAlive]] = []
+        self._stopped = 0
+        self._sequence = itertools.count()
+        self._wake = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def add(self, keeper: KeepAlive) -> None:
+        entry = (time.monotonic() + keeper.interval, next(self._sequence), keeper)
+        with self._wake:
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="goblin-claim renewer", daemon=True)
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._wake.notify()  # sooner than what the thread sleeps towards
+
+    def discard(self, keeper: KeepAlive) -> None:
+        with self._wake:
+            keeper._stopped = True
+            self._stopped += 1
+            if self._stopped > 64 and 2 * self._stopped > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2]._stopped]
+                heapq.heapify(self._heap)
+                self._stopped = 0
+
+    def _next_due(self) -> KeepAlive:
+        with self._wake:
+            while True:
+                while self._heap and self._heap[0][2]._stopped:
+                    heapq.heappop(self._heap)
+                    self._stopped = max(0, self._stopped - 1)
+                if not self._heap:
+                    self._wake.wait()
+                    continue
+                delay = self._heap[0][0] - time.monotonic()
+                if delay <= 0:
+                    return heapq.heappop(self._heap)[2]
+                self._wake.wait(delay)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self._claim.extend()
-            except ClaimLostError:
-                self.lost = True
-                return
-            except GoblinClaimError:
-                continue  # transient: the next tick tries again while the lease lasts
-            self.renewals += 1
+        while True:
+            keeper = self._next_due()
+            # Outside the lock: a slow renewal must not block claims entering or leaving.
+            if keeper._renew() and not keeper._stopped:
+                with self._wake:
+                    heapq.heappush(self._heap, (time.monotonic() + keeper.interval, next(self._sequence), keeper))
 
 
-class AsyncKeepAlive(_Renewer):
-    """Renews an ``AsyncClaim``'s lease from a task while the ``async with`` block runs."""
+_RENEWER = _Renewer()
+
+
+def _renewer() -> _Renewer:
+    return _RENEWER
+
+
+def _new_renewer() -> None:
+    # A forked child has no renewer thread and must not share its parent's heap.
+    global _RENEWER
+    _RENEWER = _Renewer()
+
+
+os.register_at_fork(after_in_child=_new_renewer)
+
+
+class AsyncKeepAlive(_Renewal):
+    """Renews an ``AsyncClaim``'s lease from its event loop's timers while the ``async with`` block runs."""
 
     def __init__(self, claim: AsyncClaim, interval: float | None = None) -> None:
         super().__init__(claim, interval)
         self._claim = claim
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncKeepAlive:
-        self._task = asyncio.create_task(self._run(), name=f"goblin-claim keep-alive {self._claim.key}")
+        self._loop = loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(loop.time() + self.interval, self._due)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            # gather() reports the task's own cancellation as a value, while a
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            # gather() reports the renewal's own cancellation as a value, while a
             # cancellation of the task running this block still propagates.
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.gather(task, return_exceptions=True)
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self._claim.extend()
-            except ClaimLostError:
-                self.lost = True
-                return
-            except GoblinClaimError:
-                continue
+    def _due(self) -> None:
+        assert self._loop is not None
+        self._task = self._loop.create_task(self._renew(), name=f"goblin-claim renewal {self._claim.key}")
+
+    async def _renew(self) -> None:
+        try:
+            await self._claim.extend()
+        except ClaimLostError:
+            self.lost = True
+            return
+        except GoblinClaimError:
+            pass  # transient: the next tick tries again while the lease lasts
+        else:
             self.renewals += 1
+        if not self._stopped and self._loop is not None:
+            self._timer = self._loop.call_at(self._loop.time() + self.interval, self._due)

@@ -781,6 +781,57 @@ def test_keep_alive_renews(driver_kind: str, backend: Backend) -> None:
     asyncio.run(scenario())
 
 
+def test_many_sync_keep_alives_share_one_renewer_thread(backend: Backend) -> None:
+    """Fifty claims kept alive at once, from fifty threads, are renewed by one renewer thread."""
+    from goblin_claim import Claim
+
+    client = backend.sync()
+    claims = [Claim(client, unique(), lease=1) for _ in range(50)]
+    for claim in claims:
+        claim.acquire()
+    keepers: list[Any] = []
+    inside = threading.Barrier(51)
+
+    def hold(claim: Claim) -> None:
+        with claim.keep_alive() as keeper:
+            keepers.append(keeper)
+            inside.wait()
+            inside.wait()
+
+    threads = [threading.Thread(target=hold, args=(claim,)) for claim in claims]
+    for thread in threads:
+        thread.start()
+    inside.wait()
+    time.sleep(1.2)
+    renewers = [t for t in threading.enumerate() if t.name == "goblin-claim renewer"]
+    inside.wait()
+    for thread in threads:
+        thread.join()
+    assert len(renewers) == 1
+    assert all(keeper.renewals >= 2 and not keeper.lost for keeper in keepers)
+    assert all(client.get(claim.claim_key) == claim.token.encode() for claim in claims)
+
+
+def test_async_keep_alives_start_no_task_until_a_renewal_is_due(backend: Backend) -> None:
+    """Entering and leaving an async keep-alive schedules a timer, not a task; renewals still happen."""
+    from goblin_claim import AsyncClaim
+
+    async def scenario() -> None:
+        client = backend.async_()
+        claim = AsyncClaim(client, unique(), lease=3)
+        await claim.acquire()
+        before = len(asyncio.all_tasks())
+        async with claim.keep_alive() as keeper:
+            assert len(asyncio.all_tasks()) == before
+            await asyncio.sleep(1.2)
+        assert keeper.renewals >= 1
+        await asyncio.sleep(0)
+        assert len(asyncio.all_tasks()) == before
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 @pytest.fixture(params=["sync", "async"])
 def driver_kind(request: pytest.FixtureRequest) -> str:
     """The driver kind: "sync" or "async"."""
