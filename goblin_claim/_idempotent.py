@@ -620,7 +620,7 @@ def _store(spec: _Spec, claim: Claim, call: _Call, payload: bytes, result: Any) 
     # The function has run: a dropped connection must not drop its result. The
     # write is owner-checked and safe to send twice, so it is retried while the
     # lease lasts (and after, it still lands if nobody claimed the key since).
-    schedule = spec.store_schedule(call)
+    schedule = None
     while True:
         try:
             claim.complete(payload)
@@ -631,6 +631,7 @@ def _store(spec: _Spec, claim: Claim, call: _Call, payload: bytes, result: Any) 
             exc.result = result  # stored on the primary, and replayed from there
             raise
         except ConnectionFailedError as exc:
+            schedule = schedule or spec.store_schedule(call)  # made on the first failure only
             delay = schedule.next_delay(time.monotonic())
             if delay is None:
                 raise spec.unstored(call, result, exc) from exc
@@ -688,7 +689,7 @@ async def _store_async(spec: _Spec, claim: AsyncClaim, call: _Call, payload: byt
     # The function has run: a dropped connection must not drop its result. The
     # write is owner-checked and safe to send twice, so it is retried while the
     # lease lasts (and after, it still lands if nobody claimed the key since).
-    schedule = spec.store_schedule(call)
+    schedule = None
     while True:
         try:
             await claim.complete(payload)
@@ -699,6 +700,7 @@ async def _store_async(spec: _Spec, claim: AsyncClaim, call: _Call, payload: byt
             exc.result = result  # stored on the primary, and replayed from there
             raise
         except ConnectionFailedError as exc:
+            schedule = schedule or spec.store_schedule(call)  # made on the first failure only
             delay = schedule.next_delay(time.monotonic())
             if delay is None:
                 raise spec.unstored(call, result, exc) from exc

@@ -56,6 +56,7 @@ class KeepAlive(_Renewal):
     def __init__(self, claim: Claim, interval: float | None = None) -> None:
         super().__init__(claim, interval)
         self._claim = claim
+        self._number = -1
 
     def __enter__(self) -> KeepAlive:
         _renewer().add(self)
@@ -82,50 +83,63 @@ class KeepAlive(_Renewal):
 class _Renewer:
     """One daemon thread renewing every registered ``KeepAlive`` at its deadline.
 
-    The heap holds ``(deadline, sequence, keep_alive)``; a keep-alive that leaves
-    is only marked stopped, and is dropped when it reaches the top (or when the
-    stopped ones outnumber the live ones, so a busy process's heap stays small).
+    The heap holds ``(deadline, number)`` pairs and ``live`` maps a number to its
+    keep-alive. Leaving drops the keep-alive from ``live`` at once, so the claim
+    and its handle die young (nothing for the garbage collector to promote); the
+    pair left in the heap is skipped when it comes up, and the heap is rebuilt
+    when such leftovers outnumber the live entries.
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, KeepAlive]] = []
-        self._stopped = 0
-        self._sequence = itertools.count()
+        self._heap: list[tuple[float, int]] = []
+        self._live: dict[int, KeepAlive] = {}
+        self._numbers = itertools.count()
         self._wake = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
+        # The deadline the thread sleeps towards: it is woken only for an earlier
+        # one, so a claim entering costs no thread switch (about once per interval).
+        self._sleeping_until = float("inf")
 
     def add(self, keeper: KeepAlive) -> None:
-        entry = (time.monotonic() + keeper.interval, next(self._sequence), keeper)
+        deadline = time.monotonic() + keeper.interval
         with self._wake:
-            heapq.heappush(self._heap, entry)
+            keeper._number = number = next(self._numbers)
+            self._live[number] = keeper
+            heapq.heappush(self._heap, (deadline, number))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="goblin-claim renewer", daemon=True)
                 self._thread.start()
-            elif self._heap[0] is entry:
-                self._wake.notify()  # sooner than what the thread sleeps towards
+            elif deadline < self._sleeping_until:
+                self._wake.notify()
+            elif len(self._heap) > 64 and len(self._heap) > 2 * len(self._live):
+                self._heap = [entry for entry in self._heap if entry[1] in self._live]
+                heapq.heapify(self._heap)
 
     def discard(self, keeper: KeepAlive) -> None:
+        keeper._stopped = True
         with self._wake:
-            keeper._stopped = True
-            self._stopped += 1
-            if self._stopped > 64 and 2 * self._stopped > len(self._heap):
-                self._heap = [entry for entry in self._heap if not entry[2]._stopped]
-                heapq.heapify(self._heap)
-                self._stopped = 0
+            self._live.pop(keeper._number, None)
 
     def _next_due(self) -> KeepAlive:
         with self._wake:
             while True:
-                while self._heap and self._heap[0][2]._stopped:
-                    heapq.heappop(self._heap)
-                    self._stopped = max(0, self._stopped - 1)
                 if not self._heap:
+                    self._sleeping_until = float("inf")
                     self._wake.wait()
                     continue
-                delay = self._heap[0][0] - time.monotonic()
-                if delay <= 0:
-                    return heapq.heappop(self._heap)[2]
-                self._wake.wait(delay)
+                deadline, number = self._heap[0]
+                delay = deadline - time.monotonic()
+                if delay > 0:
+                    # Left-over pairs are not popped early: sleeping towards one costs
+                    # nothing, while an empty heap would need a wake-up for the next claim.
+                    self._sleeping_until = deadline
+                    self._wake.wait(delay)
+                    continue
+                heapq.heappop(self._heap)
+                keeper = self._live.get(number)
+                if keeper is not None:
+                    self._sleeping_until = float("-inf")  # awake: nobody needs to wake it
+                    return keeper
 
     def _run(self) -> None:
         while True:
@@ -133,7 +147,10 @@ class _Renewer:
             # Outside the lock: a slow renewal must not block claims entering or leaving.
             if keeper._renew() and not keeper._stopped:
                 with self._wake:
-                    heapq.heappush(self._heap, (time.monotonic() + keeper.interval, next(self._sequence), keeper))
+                    if keeper._number in self._live:
+                        heapq.heappush(self._heap, (time.monotonic() + keeper.interval, keeper._number))
+            elif not keeper._stopped:
+                self.discard(keeper)  # lost: nothing more to renew
 
 
 _RENEWER = _Renewer()
