@@ -48,6 +48,7 @@ from goblin_claim._core import CLAIM
 
 _ids = itertools.count()
 RUN = f"{time.time_ns()}"
+BATCH = 100
 
 
 def fresh(prefix: str) -> str:
@@ -61,6 +62,7 @@ class Contender:
     name: str
     run: Callable[[int], Any]
     is_async: bool = False
+    per_call: int = 1  # keys per call, for round trips per key
     rates: list[float] = field(default_factory=list)
     round_trips: float = float("nan")
 
@@ -136,6 +138,14 @@ def sync_rows(client: redis.Redis) -> list[Row]:
     def raw_duplicate() -> object:
         return client.evalsha(CLAIM.sha, 2, claim_key, result_key, "t", LEASE)
 
+    def one_by_one(n: int) -> None:
+        for _ in range(n):
+            Claim(client, fresh("b"), lease=LEASE, namespace="bench-batch").acquire()
+
+    def batches(n: int) -> None:
+        for _ in range(max(1, n // BATCH)):
+            Claim.acquire_many(client, [fresh("b") for _ in range(BATCH)], lease=LEASE, namespace="bench-batch")
+
     def goblin_lock(n: int) -> None:
         for _ in range(n):
             claim = Claim(client, fresh("lock"), lease=LEASE, namespace="bench-lock")
@@ -184,6 +194,15 @@ def sync_rows(client: redis.Redis) -> list[Row]:
             ],
             baseline="raw EVALSHA (same script)",
             targets={"goblin Claim.acquire": 0.9},
+        ),
+        Row(
+            f"claim fresh keys, {BATCH} at a time (sync; ops = keys)",
+            [
+                Contender("goblin Claim.acquire_many", batches, per_call=BATCH),
+                Contender("goblin Claim.acquire one by one", one_by_one),
+            ],
+            baseline="goblin Claim.acquire one by one",
+            targets={"goblin Claim.acquire_many": 5.0},
         ),
         Row(
             "take and give back a free key (sync)",
@@ -301,10 +320,7 @@ def count_round_trips(url: str, contender: Contender, loop: asyncio.AbstractEven
     thread.start()
     ready.wait(5)
     time.sleep(0.05)
-    n = calls if not contender.is_async else calls * TASKS
-    n = max(n, TASKS) if contender.is_async else n
-    if contender.is_async:
-        n = (n // TASKS) * TASKS
+    n = calls * TASKS if contender.is_async else calls * contender.per_call
     timed(contender, n, loop)
     stop.set()
     marker = redis.Redis.from_url(url)
@@ -346,9 +362,11 @@ def report(rows: list[Row]) -> list[str]:
                 if ratio < target:
                     misses.append(f"{row.title}: {contender.name} {ratio:.2f} < {target:g}")
             vs = "baseline" if contender is base else f"{ratio:.2f}x {row.baseline}{mark}"
+            trips = f"{contender.round_trips:.2f}"
+            if contender.per_call > 1:  # a pipeline: many commands, one round trip
+                trips = f"1 per {contender.per_call} keys ({contender.round_trips:.2f} commands per key)"
             lines.append(
-                f"| {row.title} | {contender.name} | {statistics.median(contender.rates):,.0f} | "
-                f"{contender.round_trips:.2f} | {vs} |"
+                f"| {row.title} | {contender.name} | {statistics.median(contender.rates):,.0f} | {trips} | {vs} |"
             )
     print("\n".join(lines))
     if misses:

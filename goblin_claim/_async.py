@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from redis.asyncio.cluster import RedisCluster
@@ -27,7 +28,7 @@ from ._core import (
     Script,
     native_command,
 )
-from ._errors import ConnectionFailedError, InvalidArgumentError, UnreadableResultError
+from ._errors import ConnectionFailedError, GoblinClaimError, InvalidArgumentError, UnreadableResultError
 from ._keepalive import AsyncKeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -114,6 +115,70 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         handle = cls._with_keys(client, claim_key, result_key, lease, ttl, token, native, replicas, replica_timeout_ms)
         assert isinstance(handle, cls)
         return handle
+
+    @classmethod
+    async def acquire_many(
+        cls, client: AsyncClient, keys: Iterable[str], **options: Any
+    ) -> list[tuple[AsyncClaim, Claimed | Completed | InFlight | GoblinClaimError]]:
+        """Claim many keys in one pipelined round trip, for a consumer that pulls a batch.
+
+        Each key gets a handle made with ``options`` (the constructor's keywords)
+        and the outcome ``acquire()`` would give it, in key order. On a cluster the
+        pipeline goes out grouped by node. A key's own failure (a lost result, a
+        key of the wrong type) takes its outcome's place as the error, so one bad
+        key does not hide the claims the others took; a failure of the whole batch
+        (Redis unreachable) raises. A server that lost its scripts, or a native
+        nil, costs one more pipelined round trip for the keys concerned.
+
+        Example::
+
+            for claim, outcome in await AsyncClaim.acquire_many(client, [m.id for m in messages], lease=60):
+                if isinstance(outcome, Claimed):
+                    await claim.complete(await handle(claim.key))
+
+        Raises:
+            ConnectionFailedError: Redis could not be reached.
+            InvalidArgumentError: Bad options (before any I/O), or ``replicas``
+                with a cluster client.
+        """
+        handles = [cls(client, key, **options) for key in keys]
+        if not handles:
+            return []
+        first = handles[0]
+        if first._replicas and isinstance(client, RedisCluster):
+            raise InvalidArgumentError("acquire_many(replicas=...) needs a standalone client", key=first.key)
+        state = state_of(client)
+        acknowledged = None
+        try:
+            if not state.ready:
+                await _prepare(client, state)
+            commands = [handle._claim_command(state.native) for handle in handles]
+            if first._replicas:
+                # One WAIT behind the whole batch covers every claim on this connection.
+                commands.append(("WAIT", first._replicas, first._replica_timeout_ms))
+            replies = await _pipelined(client, commands)
+            if first._replicas:
+                waited = replies.pop()
+                acknowledged = waited if isinstance(waited, int) else 0
+            again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
+            if again:
+                if any(not isinstance(replies[i], NoScriptError) for i in again):
+                    state.native = frozenset()  # a node lacks the module after all
+                sources = [handles[i]._claim_command(state.native, source=True) for i in again]
+                for i, reply in zip(again, await _pipelined(client, sources), strict=True):
+                    replies[i] = reply
+            nils = [i for i, reply in enumerate(replies) if reply is None]
+            if nils:
+                # GOBLIN.CLAIM's nil: one read of each holder tells the outcomes apart.
+                peeks = [("EVAL", PEEK.source, 1, handles[i].claim_key) for i in nils]
+                for i, holder in zip(nils, await _pipelined(client, peeks), strict=True):
+                    replies[i] = holder if isinstance(holder, Exception) else [holder]
+        except (RedisError, RedisClusterException) as exc:
+            raise translate(exc, first.key, f"a batch of {len(handles)} claims") from exc
+        return [
+            (handle, _batch_outcome(handle, reply, acknowledged))
+            for handle, reply in zip(handles, replies, strict=True)
+        ]
 
     async def acquire(self) -> Claimed | Completed | InFlight:
         """Try to claim the work, in one round trip.
@@ -317,6 +382,30 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             pipe.evalsha(script.sha, script.numkeys, *args)
         pipe.execute_command("WAIT", self._replicas, self._replica_timeout_ms)  # type: ignore[no-untyped-call, unused-ignore]
         return await pipe.execute(raise_on_error=False)
+
+
+async def _pipelined(client: AsyncClient, commands: Sequence[tuple[str | bytes | int, ...]]) -> list[object]:
+    """Send ``commands`` in one pipeline (grouped by node on a cluster); errors come back as values."""
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
+    return await pipe.execute(raise_on_error=False)
+
+
+def _needs_script(reply: object, mode: NativeMode) -> bool:
+    """A batch reply to send again as a script: a lost script cache, or a node without the module."""
+    if isinstance(reply, NoScriptError):
+        return True
+    return mode != "always" and isinstance(reply, ResponseError) and is_unknown_command(reply)
+
+
+def _batch_outcome(handle: AsyncClaim, reply: object, acknowledged: int | None) -> Outcome | GoblinClaimError:
+    if isinstance(reply, (RedisError, RedisClusterException)):
+        return translate(reply, handle.key, handle.result_key)
+    try:
+        return handle._claim_outcome(reply, acknowledged)[0]
+    except GoblinClaimError as exc:  # this key's own failure, in its place
+        return exc
 
 
 def _node_pipeline(client: RedisCluster, claim: AsyncClaim) -> Any:

@@ -504,6 +504,19 @@ class ClaimBase(Generic[ClientT]):
         keep = max(self.lease, self.ttl)
         return CLAIM_FENCED, (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
 
+    def _claim_command(self, available: frozenset[str] | None, *, source: bool = False) -> tuple[str | int, ...]:
+        """The claim as one command for a pipeline: GOBLIN.CLAIM where chosen, else the script.
+
+        ``source`` sends the script's text (EVAL), for a server that lost its cache.
+        """
+        script, args = self._claim_call()
+        if source:
+            return ("EVAL", script.source, script.numkeys, *args)
+        native = native_command(self._native, available, script, self.key)
+        if native is not None:
+            return (native, *args)
+        return ("EVALSHA", script.sha, script.numkeys, *args)
+
     def _claim_outcome(self, reply: object, acknowledged: int | None = None) -> tuple[Outcome, object]:
         """The outcome of a claim reply, and what claim_key holds when that is known.
 

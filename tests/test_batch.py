@@ -1,0 +1,107 @@
+"""Claim.acquire_many / AsyncClaim.acquire_many on every backend and both drivers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from goblin_claim import (
+    AsyncClaim,
+    Claim,
+    Claimed,
+    Completed,
+    InFlight,
+    InvalidArgumentError,
+    ResultLostError,
+    WrongTypeError,
+)
+from tests.conftest import Driver, SyncView, unique
+
+
+def acquire_many(driver: Driver, keys: list[str], **options: Any) -> list[tuple[Any, Any]]:
+    """The driver's acquire_many, called from sync test code."""
+    if driver.run is None:
+        return Claim.acquire_many(driver.client, keys, **options)
+    pairs = driver.run(AsyncClaim.acquire_many(driver.client, keys, **options))
+    return [(SyncView(handle, driver.run), outcome) for handle, outcome in pairs]
+
+
+def test_batch_gives_the_outcomes_of_one_by_one(driver: Driver) -> None:
+    """Free, completed, in flight, lost and wrong-type keys: the same outcomes as acquire() one by one, in order."""
+    namespace = unique("ns")
+    free, done, busy, lost, odd = (unique(name) for name in ("free", "done", "busy", "lost", "odd"))
+    owner = driver.claim(done, namespace=namespace)
+    owner.acquire()
+    owner.complete(b"receipt")
+    driver.claim(busy, namespace=namespace).acquire()
+    gone = driver.claim(lost, namespace=namespace)
+    gone.acquire()
+    gone.complete(b"v")
+    driver.raw.delete(gone.result_key)
+    other = driver.claim(odd, namespace=namespace)
+    other.acquire()
+    driver.raw.delete(other.claim_key)
+    driver.raw.set(other.claim_key, "someone", ex=30)
+    driver.raw.hset(other.result_key, "f", "v")
+
+    pairs = acquire_many(driver, [free, done, busy, lost, odd], namespace=namespace, lease=30)
+    assert [handle.key for handle, _ in pairs] == [free, done, busy, lost, odd]
+    outcomes = [outcome for _, outcome in pairs]
+    assert isinstance(outcomes[0], Claimed)
+    assert outcomes[0].token == pairs[0][0].token
+    assert outcomes[1] == Completed(key=done, value=b"receipt")
+    assert outcomes[2] == InFlight(key=busy)
+    assert isinstance(outcomes[3], ResultLostError)
+    assert isinstance(outcomes[4], WrongTypeError)
+    assert outcomes[4].key == odd
+    assert driver.raw.get(pairs[0][0].claim_key) == pairs[0][0].token.encode()
+    pairs[0][0].complete(b"mine")
+    assert driver.claim(free, namespace=namespace).acquire() == Completed(key=free, value=b"mine")
+
+
+def test_batch_of_a_hundred_fresh_keys(driver: Driver) -> None:
+    """A hundred fresh keys are all claimed, each by its own handle; a second batch finds them in flight."""
+    namespace = unique("ns")
+    keys = [f"m-{n}" for n in range(100)]
+    first = acquire_many(driver, keys, namespace=namespace)
+    assert all(isinstance(outcome, Claimed) for _, outcome in first)
+    assert len({handle.token for handle, _ in first}) == 100
+    second = acquire_many(driver, keys, namespace=namespace)
+    assert all(outcome == InFlight(key=key) for key, (_, outcome) in zip(keys, second, strict=True))
+
+
+def test_batch_handles_share_the_options(driver: Driver) -> None:
+    """Every handle of a batch gets the options, fencing included: fences increase with each new owner."""
+    namespace = unique("ns")
+    key = unique()
+    [(handle, outcome)] = acquire_many(driver, [key], namespace=namespace, lease=7, ttl=70, fencing=True)
+    assert (handle.lease, handle.ttl, handle.claim_key.startswith(namespace)) == (7, 70, True)
+    assert isinstance(outcome, Claimed)
+    assert outcome.fence is not None
+    handle.release()
+    [(_, again)] = acquire_many(driver, [key], namespace=namespace, fencing=True)
+    assert isinstance(again, Claimed)
+    assert again.fence == outcome.fence + 1
+
+
+def test_empty_batch_sends_nothing(driver: Driver) -> None:
+    """No keys: an empty list."""
+    assert acquire_many(driver, []) == []
+
+
+@pytest.mark.parametrize("options", [{"lease": 0}, {"namespace": "a{b"}, {"bogus": 1}])
+def test_bad_batch_options_are_refused_before_io(driver: Driver, options: dict[str, Any]) -> None:
+    """Bad options fail before anything is written."""
+    key = unique()
+    with pytest.raises(TypeError if "bogus" in options else InvalidArgumentError):
+        acquire_many(driver, [key], **options)
+    assert driver.raw.exists(f"goblin:{{{key}}}:claim") == 0
+
+
+def test_batch_recovers_a_flushed_script_cache(driver: Driver) -> None:
+    """After SCRIPT FLUSH the batch still claims every key (one more pipelined round trip)."""
+    acquire_many(driver, [unique()])  # loaded
+    driver.raw.script_flush()  # every primary, on a cluster
+    keys = [unique() for _ in range(10)]
+    assert all(isinstance(outcome, Claimed) for _, outcome in acquire_many(driver, keys))
