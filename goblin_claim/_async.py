@@ -42,6 +42,7 @@ from ._server import (
     state_of,
     translate,
 )
+from ._wakeup import async_wakeups, wake_kind
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -172,7 +173,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 # GOBLIN.CLAIM's nil: one read of each holder tells the outcomes apart.
                 peeks = [("EVAL", PEEK.source, 1, handles[i].claim_key) for i in nils]
                 for i, holder in zip(nils, await _pipelined(client, peeks), strict=True):
-                    replies[i] = holder if isinstance(holder, Exception) else [holder]
+                    replies[i] = holder
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, first.key, f"a batch of {len(handles)} claims") from exc
         return [
@@ -215,7 +216,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 completed it with another value; nothing written.
             NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
-        args = self._complete_args(value, *reply_encoding(self._client))
+        args = (*self._complete_args(value, *reply_encoding(self._client)), wake_kind(self._client))
         keys = f"{self.claim_key} / {self.result_key}"
         if self._replicas:
             self._completed(*await self._call_and_wait(COMPLETE, args, keys))
@@ -239,7 +240,11 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             ``True`` when this token held the claim and it was deleted; ``False``
             when it did not (lapsed, taken over, or completed: nothing reopens).
         """
-        return bool(await self._call(RELEASE, (self.claim_key, self.token), self.claim_key))
+        args = (self.claim_key, self.token)
+        released = bool(await self._call(RELEASE, args, self.claim_key, script_only=(wake_kind(self._client),)))
+        if released and native_command(self._native, state_of(self._client).native, RELEASE, self.key):
+            await self._announce_free()  # GOBLIN.CAD announces nothing: tell the waiters here
+        return released
 
     async def forget(self) -> bool:
         """Delete the claim and the result, whoever holds them, in one atomic step.
@@ -252,7 +257,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             ``True`` when there was a claim or a result to delete.
         """
         keys = f"{self.claim_key} / {self.result_key}"
-        return bool(await self._call(FORGET, (self.claim_key, self.result_key), keys))
+        return bool(await self._call(FORGET, (self.claim_key, self.result_key, wake_kind(self._client)), keys))
 
     async def wait(self, timeout: float = 10.0) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
@@ -274,19 +279,29 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         schedule = self._wait_schedule(timeout)
         schedule.start(time.monotonic())
-        while True:
-            failure = None
-            try:
-                outcome = await self.acquire()
-            except ConnectionFailedError as exc:
-                failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
-            else:
-                if not isinstance(outcome, InFlight):
-                    return outcome
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise failure or schedule.expired()
-            await asyncio.sleep(delay)
+        # complete(), release() and forget() announce on the claim key's channel:
+        # a wake-up cuts the sleep short. Polling stays, as the fallback and the guard.
+        subscriber = async_wakeups(self._client)
+        woken = subscriber.watch(self.claim_key) if subscriber is not None else None
+        try:
+            while True:
+                if woken is not None:
+                    woken.clear()
+                failure = None
+                try:
+                    outcome = await self.acquire()
+                except ConnectionFailedError as exc:
+                    failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
+                else:
+                    if not isinstance(outcome, InFlight):
+                        return outcome
+                delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
+                if delay is None:
+                    raise failure or schedule.expired()
+                await _sleep(woken, delay)
+        finally:
+            if subscriber is not None and woken is not None:
+                await subscriber.unwatch(self.claim_key, woken)
 
     def keep_alive(self, interval: float | None = None) -> AsyncKeepAlive:
         """Renew the lease in the background while a block runs.
@@ -315,8 +330,17 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         if reply is None:
             # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
             # claim (or a lost result); one read of the holder tells them apart.
-            reply = [await self._peek()]
+            reply = await self._peek()
         return self._claim_outcome(reply)
+
+    async def _announce_free(self) -> None:
+        """Wake the claim's waiters (they poll anyway if this does not reach them)."""
+        client = self._client
+        with contextlib.suppress(RedisError, RedisClusterException):
+            if isinstance(client, RedisCluster):
+                await client.spublish(self.claim_key, "free")
+            else:
+                await client.publish(self.claim_key, "free")
 
     async def _peek(self) -> object:
         """The claim key's current value (the holder's token), or ``None``."""
@@ -324,7 +348,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
 
     # -- the round trips
 
-    async def _call(self, script: Script, args: Args, keys: str) -> object:
+    async def _call(self, script: Script, args: Args, keys: str, script_only: Args = ()) -> object:
         client = self._client
         state = state_of(client)
         try:
@@ -341,11 +365,11 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                     # This node lacks the module after all: scripts from now on.
                     state.native = frozenset()
             try:
-                return await client.evalsha(script.sha, script.numkeys, *args)
+                return await client.evalsha(script.sha, script.numkeys, *args, *script_only)
             except NoScriptError:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
-                return await client.eval(script.source, script.numkeys, *args)
+                return await client.eval(script.source, script.numkeys, *args, *script_only)
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
@@ -382,6 +406,15 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             pipe.evalsha(script.sha, script.numkeys, *args)
         pipe.execute_command("WAIT", self._replicas, self._replica_timeout_ms)  # type: ignore[no-untyped-call, unused-ignore]
         return await pipe.execute(raise_on_error=False)
+
+
+async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
+    """Sleep ``delay`` seconds, or until ``woken`` is set."""
+    if woken is None:
+        await asyncio.sleep(delay)
+    else:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(woken.wait(), delay)
 
 
 async def _pipelined(client: AsyncClient, commands: Sequence[tuple[str | bytes | int, ...]]) -> list[object]:

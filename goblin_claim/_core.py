@@ -404,6 +404,7 @@ class ClaimBase(Generic[ClientT]):
     __slots__ = (
         "_client",
         "_fence_key",
+        "_lapse_ms",
         "_native",
         "_replica_timeout_ms",
         "_replicas",
@@ -455,6 +456,7 @@ class ClaimBase(Generic[ClientT]):
         self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
         self.token = new_token() if token is None else check_token(token)
         self._native = native if type(native) is str and native == "auto" else check_native(native)
+        self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
         if fencing is False:
             self._fence_key: str | None = None
         elif fencing is True:
@@ -538,6 +540,8 @@ class ClaimBase(Generic[ClientT]):
                 return outcome, self.token
             if holder is None:
                 return InFlight(key=self.key), None  # freed meanwhile: the next attempt may take it
+            if len(reply) > 1 and type(reply[1]) is int:
+                self._lapse_ms = reply[1]
             if holder == self.token or holder == self.token.encode():
                 # This token holds it already: the reply to an earlier send was lost.
                 return self._claimed(None, acknowledged), holder
@@ -666,14 +670,20 @@ class WaitSchedule:
         """Fix the deadline; ``now`` is ``time.monotonic()`` (or the loop's clock)."""
         self._deadline = now + self._timeout
 
-    def next_delay(self, now: float) -> float | None:
-        """Seconds to sleep before the next attempt, or ``None`` once the deadline has passed."""
+    def next_delay(self, now: float, lapse_ms: int | None = None) -> float | None:
+        """Seconds to sleep before the next attempt, or ``None`` once the deadline has passed.
+
+        ``lapse_ms`` (the holder's lease left, from the last reply) caps the sleep, so
+        a waiter tries to take over just after a crashed owner's lease lapses.
+        """
         assert self._deadline is not None, "start() first"
         remaining = self._deadline - now
         if remaining <= 0:
             return None
         delay = self._backoff.delay(self._attempt)
         self._attempt += 1
+        if lapse_ms is not None and lapse_ms >= 0:
+            delay = min(delay, lapse_ms / 1000 + 0.002)
         return min(delay, remaining)
 
     def expired(self) -> StillInFlightError:

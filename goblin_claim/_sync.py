@@ -6,6 +6,7 @@ The mirror of ``_async.py``, name for name; all decisions live in ``_core``.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Union
@@ -40,6 +41,7 @@ from ._server import (
     state_of,
     translate,
 )
+from ._wakeup import wake_kind, wakeups
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -170,7 +172,7 @@ class Claim(ClaimBase["SyncClient"]):
                 # GOBLIN.CLAIM's nil: one read of each holder tells the outcomes apart.
                 peeks = [("EVAL", PEEK.source, 1, handles[i].claim_key) for i in nils]
                 for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
-                    replies[i] = holder if isinstance(holder, Exception) else [holder]
+                    replies[i] = holder
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, first.key, f"a batch of {len(handles)} claims") from exc
         return [
@@ -213,7 +215,7 @@ class Claim(ClaimBase["SyncClient"]):
                 completed it with another value; nothing written.
             NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
-        args = self._complete_args(value, *reply_encoding(self._client))
+        args = (*self._complete_args(value, *reply_encoding(self._client)), wake_kind(self._client))
         keys = f"{self.claim_key} / {self.result_key}"
         if self._replicas:
             self._completed(*self._call_and_wait(COMPLETE, args, keys))
@@ -237,7 +239,11 @@ class Claim(ClaimBase["SyncClient"]):
             ``True`` when this token held the claim and it was deleted; ``False``
             when it did not (lapsed, taken over, or completed: nothing reopens).
         """
-        return bool(self._call(RELEASE, (self.claim_key, self.token), self.claim_key))
+        args = (self.claim_key, self.token)
+        released = bool(self._call(RELEASE, args, self.claim_key, script_only=(wake_kind(self._client),)))
+        if released and native_command(self._native, state_of(self._client).native, RELEASE, self.key):
+            self._announce_free()  # GOBLIN.CAD announces nothing: tell the waiters here
+        return released
 
     def forget(self) -> bool:
         """Delete the claim and the result, whoever holds them, in one atomic step.
@@ -250,7 +256,7 @@ class Claim(ClaimBase["SyncClient"]):
             ``True`` when there was a claim or a result to delete.
         """
         keys = f"{self.claim_key} / {self.result_key}"
-        return bool(self._call(FORGET, (self.claim_key, self.result_key), keys))
+        return bool(self._call(FORGET, (self.claim_key, self.result_key, wake_kind(self._client)), keys))
 
     def wait(self, timeout: float = 10.0) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
@@ -272,19 +278,29 @@ class Claim(ClaimBase["SyncClient"]):
         """
         schedule = self._wait_schedule(timeout)
         schedule.start(time.monotonic())
-        while True:
-            failure = None
-            try:
-                outcome = self.acquire()
-            except ConnectionFailedError as exc:
-                failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
-            else:
-                if not isinstance(outcome, InFlight):
-                    return outcome
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise failure or schedule.expired()
-            time.sleep(delay)
+        # complete(), release() and forget() announce on the claim key's channel:
+        # a wake-up cuts the sleep short. Polling stays, as the fallback and the guard.
+        subscriber = wakeups(self._client)
+        woken = subscriber.watch(self.claim_key) if subscriber is not None else None
+        try:
+            while True:
+                if woken is not None:
+                    woken.clear()
+                failure = None
+                try:
+                    outcome = self.acquire()
+                except ConnectionFailedError as exc:
+                    failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
+                else:
+                    if not isinstance(outcome, InFlight):
+                        return outcome
+                delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
+                if delay is None:
+                    raise failure or schedule.expired()
+                _sleep(woken, delay)
+        finally:
+            if subscriber is not None and woken is not None:
+                subscriber.unwatch(self.claim_key, woken)
 
     def keep_alive(self, interval: float | None = None) -> KeepAlive:
         """Renew the lease in the background while a block runs.
@@ -313,8 +329,17 @@ class Claim(ClaimBase["SyncClient"]):
         if reply is None:
             # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
             # claim (or a lost result); one read of the holder tells them apart.
-            reply = [self._peek()]
+            reply = self._peek()
         return self._claim_outcome(reply)
+
+    def _announce_free(self) -> None:
+        """Wake the claim's waiters (they poll anyway if this does not reach them)."""
+        client = self._client
+        with contextlib.suppress(RedisError, RedisClusterException):
+            if isinstance(client, RedisCluster):
+                client.spublish(self.claim_key, "free")
+            else:
+                client.publish(self.claim_key, "free")
 
     def _peek(self) -> object:
         """The claim key's current value (the holder's token), or ``None``."""
@@ -322,7 +347,7 @@ class Claim(ClaimBase["SyncClient"]):
 
     # -- the round trips
 
-    def _call(self, script: Script, args: Args, keys: str) -> object:
+    def _call(self, script: Script, args: Args, keys: str, script_only: Args = ()) -> object:
         client = self._client
         state = state_of(client)
         try:
@@ -339,11 +364,11 @@ class Claim(ClaimBase["SyncClient"]):
                     # This node lacks the module after all: scripts from now on.
                     state.native = frozenset()
             try:
-                return client.evalsha(script.sha, script.numkeys, *args)
+                return client.evalsha(script.sha, script.numkeys, *args, *script_only)
             except NoScriptError:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
-                return client.eval(script.source, script.numkeys, *args)
+                return client.eval(script.source, script.numkeys, *args, *script_only)
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
@@ -380,6 +405,14 @@ class Claim(ClaimBase["SyncClient"]):
             pipe.evalsha(script.sha, script.numkeys, *args)
         pipe.execute_command("WAIT", self._replicas, self._replica_timeout_ms)  # type: ignore[no-untyped-call, unused-ignore]
         return pipe.execute(raise_on_error=False)
+
+
+def _sleep(woken: threading.Event | None, delay: float) -> None:
+    """Sleep ``delay`` seconds, or until ``woken`` is set."""
+    if woken is None:
+        time.sleep(delay)
+    else:
+        woken.wait(delay)
 
 
 def _pipelined(client: SyncClient, commands: Sequence[tuple[str | bytes | int, ...]]) -> list[object]:

@@ -62,7 +62,8 @@ def _shape(function: object) -> list[tuple[str, object, object, str]]:
 def _doc(member: object) -> str:
     """A docstring with the async spellings of its example removed."""
     text = inspect.getdoc(member) or ""
-    return text.replace("async ", "").replace("await ", "").replace("AsyncClaim(redis.asyncio.", "Claim(redis.")
+    text = text.replace("async ", "").replace("await ", "").replace("AsyncClaim(redis.asyncio.", "Claim(redis.")
+    return text.replace("AsyncClaim.acquire_many(", "Claim.acquire_many(")
 
 
 def test_sync_and_async_handles_mirror_each_other() -> None:

@@ -13,7 +13,10 @@ import redis
 from goblin_claim import Claimed, Completed, InFlight, InvalidArgumentError, WrongTypeError
 from goblin_claim._core import CLAIM
 from goblin_claim.testing import fake_redis
-from tests.conftest import Driver
+from tests.conftest import ALL_BACKENDS, Driver
+
+# Also on redis-server with the reference module loaded (the SDK takes the native path).
+BACKENDS = ALL_BACKENDS
 
 
 @pytest.fixture
@@ -89,9 +92,10 @@ def test_table_bad_seconds_refused_before_io(driver: Driver, seed_keys: tuple[st
 
 # The protocol itself, below the SDK: the native command and the script give the
 # same replies and the same kind of error for every row of the seed's table. Where
-# GOBLIN.CLAIM answers nil, the script also says what claim_key holds, so the SDK
-# tells "in flight", "my own claim, re-sent" and "result lost" apart in the same
-# round trip; after a native nil the SDK reads the holder once (same outcomes).
+# GOBLIN.CLAIM answers nil, the script also says what claim_key holds and its
+# lease left (PTTL), so the SDK tells "in flight", "my own claim, re-sent" and
+# "result lost" apart in the same round trip; after a native nil the SDK reads
+# the holder once (same outcomes). The rows' claims have no expiry: PTTL -1.
 
 ROWS = {
     # row: (setup, native reply, script reply)
@@ -101,9 +105,9 @@ ROWS = {
         b"charged:txn_551",
         b"charged:txn_551",
     ),
-    "held, absent": ((("set", "c", "worker-3"),), None, [b"worker-3"]),
+    "held, absent": ((("set", "c", "worker-3"),), None, [b"worker-3", -1]),
     "held by me, absent": ((("set", "c", "worker-9"),), None, b"CLAIMED"),
-    "done, result lost": ((("set", "c", "done worker-3"),), None, [b"done worker-3"]),
+    "done, result lost": ((("set", "c", "done worker-3"),), None, [b"done worker-3", -1]),
     "held as a list, absent": ((("rpush", "c", "x"),), None, []),
 }
 

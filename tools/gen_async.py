@@ -52,7 +52,6 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ("def _prepare(", "async def _prepare("),
     ("self._call(", "await self._call("),
     ("outcome = self.acquire()", "outcome = await self.acquire()"),
-    ("time.sleep(delay)", "await asyncio.sleep(delay)"),
     ("_prepare(client, state)\n", "await _prepare(client, state)\n"),
     ("return client.", "return await client."),
     ("with state.sync_lock:", "async with state.async_lock:"),
@@ -64,6 +63,30 @@ REPLACEMENTS: list[tuple[str, str]] = [
     (" client.script_load(script.source)\n", " await client.script_load(script.source)\n"),
     ("replies = pipe.execute(", "replies = await pipe.execute("),
     ("    def _acquire(", "    async def _acquire("),
+    ("    def _announce_free(", "    async def _announce_free("),
+    ("            self._announce_free()", "            await self._announce_free()"),
+    ("                client.spublish(self.claim_key", "                await client.spublish(self.claim_key"),
+    ("                client.publish(self.claim_key", "                await client.publish(self.claim_key"),
+    ("import threading\n", ""),
+    ("from ._wakeup import wake_kind, wakeups\n", "from ._wakeup import async_wakeups, wake_kind\n"),
+    ("subscriber = wakeups(self._client)", "subscriber = async_wakeups(self._client)"),
+    ("subscriber.unwatch(self.claim_key, woken)", "await subscriber.unwatch(self.claim_key, woken)"),
+    ("                _sleep(woken, delay)\n", "                await _sleep(woken, delay)\n"),
+    (
+        "def _sleep(woken: threading.Event | None, delay: float) -> None:\n"
+        '    """Sleep ``delay`` seconds, or until ``woken`` is set."""\n'
+        "    if woken is None:\n"
+        "        time.sleep(delay)\n"
+        "    else:\n"
+        "        woken.wait(delay)\n",
+        "async def _sleep(woken: asyncio.Event | None, delay: float) -> None:\n"
+        '    """Sleep ``delay`` seconds, or until ``woken`` is set."""\n'
+        "    if woken is None:\n"
+        "        await asyncio.sleep(delay)\n"
+        "    else:\n"
+        "        with contextlib.suppress(asyncio.TimeoutError):\n"
+        "            await asyncio.wait_for(woken.wait(), delay)\n",
+    ),
     ("    def acquire_many(", "    async def acquire_many("),
     ("def _pipelined(", "async def _pipelined("),
     ("= _pipelined(client,", "= await _pipelined(client,"),
@@ -84,7 +107,7 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ("    def _call_and_wait(", "    async def _call_and_wait("),
     ("    def _pipeline_wait(", "    async def _pipeline_wait("),
     ("return self._acquire()[0]", "return (await self._acquire())[0]"),
-    ("reply = [self._peek()]", "reply = [await self._peek()]"),
+    ("reply = self._peek()", "reply = await self._peek()"),
     ("self._call_and_wait(", "await self._call_and_wait("),
     ("= self._pipeline_wait(", "= await self._pipeline_wait("),
     ("return pipe.execute(raise_on_error=False)", "return await pipe.execute(raise_on_error=False)"),

@@ -7,8 +7,9 @@
 -- returns "CLAIMED" when this token holds the claim: taken now, or already held
 --   (a re-sent call); {"CLAIMED", fence} with KEYS[3];
 --   otherwise GET result_key: the stored value (WRONGTYPE if not a string),
---   or, while there is none, {holder}: what claim_key holds (the owner's token, or
---   the done marker of completed work whose result is gone); {} if not a string
+--   or, while there is none, {holder, pttl}: what claim_key holds (the owner's
+--   token, or the done marker of completed work whose result is gone) and the
+--   milliseconds its lease has left; {} if claim_key is not a string
 local function claimed()
   if not KEYS[3] then
     return "CLAIMED"
@@ -41,4 +42,4 @@ end
 if type(holder) ~= "string" then
   return {}
 end
-return {holder}
+return {holder, redis.call("pttl", KEYS[1])}

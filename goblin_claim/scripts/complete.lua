@@ -4,6 +4,8 @@
 -- ARGV[2] value: the outcome to publish
 -- ARGV[3] ttl: retention in seconds, a positive integer
 -- ARGV[4] marker: what claim_key holds once the work is done (never equal to a token)
+-- ARGV[5] wake (optional): "publish" or "spublish" (a cluster's sharded channel):
+--   announce on the channel named claim_key, so waiters learn of it at once
 -- returns 1 when the value is stored: written now, or already written by this
 --   token (a re-sent call); 0 when another token holds or completed the claim;
 --   2 when this token already completed it with another value (nothing written)
@@ -27,4 +29,7 @@ if not holder and stored then
 end
 redis.call("set", KEYS[2], ARGV[2], "EX", ARGV[3])
 redis.call("set", KEYS[1], ARGV[4], "EX", ARGV[3])
+if ARGV[5] == "publish" or ARGV[5] == "spublish" then
+  redis.call(ARGV[5], KEYS[1], "done")
+end
 return 1

@@ -1,5 +1,10 @@
 -- KEYS[1] claim_key: deleted, whoever holds it
 -- KEYS[2] result_key: deleted
--- ARGV none
+-- ARGV[1] wake (optional): "publish" or "spublish": announce it on the channel
+--   named claim_key, so waiters claim the work at once
 -- returns how many of the two keys existed (0 when there was nothing to forget)
-return redis.call("del", KEYS[1], KEYS[2])
+local deleted = redis.call("del", KEYS[1], KEYS[2])
+if deleted > 0 and (ARGV[1] == "publish" or ARGV[1] == "spublish") then
+  redis.call(ARGV[1], KEYS[1], "free")
+end
+return deleted

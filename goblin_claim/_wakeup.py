@@ -1,0 +1,268 @@
+"""Push wake-up for ``wait()``: one pub/sub subscriber per client, shared by its waiters.
+
+``complete()``, ``release()`` and ``forget()`` announce on a channel named after
+the claim key (a sharded channel on a cluster, so it stays on the key's node). A
+waiter registers its claim key with its client's subscriber and sleeps on an
+event; a message wakes it to try again at once instead of at its next poll. The
+subscriber is one connection and one daemon thread per sync client, or one task
+per asyncio client and event loop; it listens only while someone waits.
+
+Polling with backoff stays: it is the fallback where pub/sub is refused (ACL) or
+unavailable (the asyncio cluster client has none), and the deadline's guard.
+Nothing here is on the first-call or duplicate paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import weakref
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+__all__ = ["AsyncWakeups", "Wakeups", "async_wakeups", "wake_kind", "wakeups"]
+
+# How often the listener looks for new channels to (un)subscribe while it waits
+# for messages; a waiter that registers meanwhile still polls on its own.
+_TICK = 0.005
+# After a lost connection, the listener tries again this much later.
+_RECONNECT_DELAY = 0.5
+# An idle listener waits this long for the next waiter before it ends.
+_LINGER = 1.0
+
+
+def wake_kind(client: object) -> str:
+    """How the scripts announce on ``client``'s server: sharded on a cluster."""
+    return "spublish" if isinstance(client, (RedisCluster, AsyncRedisCluster)) else "publish"
+
+
+def _text(channel: object) -> str:
+    return channel.decode("utf-8", "replace") if isinstance(channel, bytes) else str(channel)
+
+
+class _Registry:
+    """Which events wait on which channel, and the (un)subscriptions still to send."""
+
+    def __init__(self) -> None:
+        self.watchers: dict[str, set[Any]] = {}
+        self.changes: dict[str, bool] = {}  # channel -> subscribe (True) or unsubscribe (False)
+        self.refused = False  # pub/sub not permitted here: wait() polls
+
+    def add(self, channel: str, event: Any) -> None:
+        watchers = self.watchers.setdefault(channel, set())
+        if not watchers:
+            self.changes[channel] = True
+        watchers.add(event)
+
+    def remove(self, channel: str, event: Any) -> None:
+        watchers = self.watchers.get(channel)
+        if watchers is None:
+            return
+        watchers.discard(event)
+        if not watchers:
+            del self.watchers[channel]
+            self.changes[channel] = False
+
+    def take_changes(self) -> dict[str, bool]:
+        changes, self.changes = self.changes, {}
+        return changes
+
+    def events_of(self, channel: object) -> list[Any]:
+        return list(self.watchers.get(_text(channel), ()))
+
+    def every_event(self) -> list[Any]:
+        return [event for watchers in self.watchers.values() for event in watchers]
+
+
+def _apply(pubsub: Any, sharded: bool, changes: dict[str, bool]) -> None:
+    subscribe = [channel for channel, on in changes.items() if on]
+    unsubscribe = [channel for channel, on in changes.items() if not on]
+    if subscribe:
+        (pubsub.ssubscribe if sharded else pubsub.subscribe)(*subscribe)
+    if unsubscribe:
+        (pubsub.sunsubscribe if sharded else pubsub.unsubscribe)(*unsubscribe)
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    text = str(exc).upper()
+    return isinstance(exc, ResponseError) and ("NOPERM" in text or "UNKNOWN COMMAND" in text)
+
+
+class Wakeups:
+    """The subscriber of one sync client: a daemon thread, started by the first waiter."""
+
+    def __init__(self, client: Any) -> None:
+        # Weak: the subscriber lives in a map keyed by its client and must not keep it alive.
+        self._client = weakref.ref(client)
+        self._sharded = isinstance(client, RedisCluster)
+        self._registry = _Registry()
+        self._lock = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def watch(self, channel: str) -> threading.Event | None:
+        """An event set when ``channel`` announces; ``None`` where pub/sub is refused."""
+        if self._registry.refused:
+            return None
+        event = threading.Event()
+        with self._lock:
+            self._registry.add(channel, event)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="goblin-claim wake-ups", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+        return event
+
+    def unwatch(self, channel: str, event: threading.Event) -> None:
+        with self._lock:
+            self._registry.remove(channel, event)
+
+    def _run(self) -> None:
+        while True:
+            pubsub = None
+            try:
+                client = self._client()
+                if client is None:
+                    return
+                pubsub = client.pubsub()
+                del client
+                self._listen(pubsub)
+                return  # nobody waits any more
+            except Exception as exc:  # a lost connection, a closed client: the waiters poll meanwhile
+                with self._lock:
+                    self._registry.refused = self._registry.refused or _is_refusal(exc)
+                    for event in self._registry.every_event():
+                        event.set()
+                    self._registry.changes = dict.fromkeys(self._registry.watchers, True)
+                    if self._registry.refused or not self._registry.watchers:
+                        self._thread = None
+                        return
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+            time.sleep(_RECONNECT_DELAY)
+
+    def _listen(self, pubsub: Any) -> None:
+        read = pubsub.get_sharded_message if self._sharded else pubsub.get_message
+        while True:
+            with self._lock:
+                if not self._registry.watchers and not self._registry.changes:
+                    # Idle: linger a moment for the next waiter, else end, and let the
+                    # client go (this thread is all that holds it).
+                    self._lock.wait(_LINGER)
+                    if not self._registry.watchers and not self._registry.changes:
+                        self._thread = None
+                        return
+                changes = self._registry.take_changes()
+            _apply(pubsub, self._sharded, changes)
+            if not self._registry.watchers:
+                continue
+            message = read(ignore_subscribe_messages=True, timeout=_TICK)
+            if message and message.get("type") in ("message", "smessage"):
+                with self._lock:
+                    events = self._registry.events_of(message["channel"])
+                for event in events:
+                    event.set()
+
+
+class AsyncWakeups:
+    """The subscriber of one asyncio client on one event loop: a task, started by the first waiter."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = weakref.ref(client)
+        self._registry = _Registry()
+        self._task: asyncio.Task[None] | None = None
+        # The asyncio cluster client has no pub/sub: its waiters poll.
+        self._registry.refused = isinstance(client, AsyncRedisCluster)
+
+    def watch(self, channel: str) -> asyncio.Event | None:
+        """An event set when ``channel`` announces; ``None`` where pub/sub is refused."""
+        if self._registry.refused:
+            return None
+        event = asyncio.Event()
+        self._registry.add(channel, event)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="goblin-claim wake-ups")
+        return event
+
+    async def unwatch(self, channel: str, event: asyncio.Event) -> None:
+        """Stop waking ``event``; the last waiter to leave also ends the listener, so no task outlives it."""
+        self._registry.remove(channel, event)
+        task = self._task
+        if not self._registry.watchers and task is not None and not task.done():
+            self._task = None  # a waiter arriving meanwhile starts a fresh listener
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        client = self._client()
+        if client is None:
+            return
+        pubsub = client.pubsub()
+        del client
+        try:
+            while self._registry.watchers or self._registry.changes:
+                await _apply_async(pubsub, self._registry.take_changes())
+                if not pubsub.subscribed:
+                    await asyncio.sleep(_TICK)  # never spin the loop
+                    continue
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_TICK)
+                if message and message.get("type") == "message":
+                    for event in self._registry.events_of(message["channel"]):
+                        event.set()
+        except Exception as exc:  # a lost connection, a closed client: the waiters poll meanwhile
+            self._registry.refused = self._registry.refused or _is_refusal(exc)
+            for event in self._registry.every_event():
+                event.set()  # they poll; the next waiter starts a fresh listener
+            self._registry.changes = dict.fromkeys(self._registry.watchers, True)
+        finally:
+            # The listener ends with the last waiter, so no task outlives its loop.
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+
+async def _apply_async(pubsub: Any, changes: dict[str, bool]) -> None:
+    subscribe = [channel for channel, on in changes.items() if on]
+    unsubscribe = [channel for channel, on in changes.items() if not on]
+    if subscribe:
+        await pubsub.subscribe(*subscribe)
+    if unsubscribe:
+        await pubsub.unsubscribe(*unsubscribe)
+
+
+# One subscriber per client (and per event loop for asyncio clients), dropped with the client.
+_SYNC: weakref.WeakKeyDictionary[Any, Wakeups] = weakref.WeakKeyDictionary()
+_ASYNC: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, AsyncWakeups]] = weakref.WeakKeyDictionary()
+_SYNC_LOCK = threading.Lock()
+
+
+def wakeups(client: Any) -> Wakeups | None:
+    """The subscriber of a sync client, or ``None`` if it cannot have one."""
+    found = _SYNC.get(client)
+    if found is None:
+        if not callable(getattr(client, "pubsub", None)):
+            return None
+        with _SYNC_LOCK:
+            found = _SYNC.get(client)
+            if found is None:
+                found = _SYNC[client] = Wakeups(client)
+    return found
+
+
+def async_wakeups(client: Any) -> AsyncWakeups | None:
+    """The subscriber of an asyncio client on the running loop, or ``None`` if it cannot have one."""
+    if not callable(getattr(client, "pubsub", None)):
+        return None
+    loop = asyncio.get_running_loop()
+    per_loop = _ASYNC.get(client)
+    if per_loop is None:
+        per_loop = _ASYNC[client] = weakref.WeakKeyDictionary()
+    found = per_loop.get(loop)
+    if found is None:
+        found = per_loop[loop] = AsyncWakeups(client)
+    return found
