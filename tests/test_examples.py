@@ -45,12 +45,21 @@ def test_payment_webhook_on_a_real_server(redis_standalone: RedisProcess) -> Non
 
 HANDLERS = {
     "webhook_handler.py": ["redelivery", "1 distinct receipt(s)", "PayloadMismatchError", "['evt88', 'evt89']"],
-    "async_http_handler.py": ["status=409", "status=201", "status=422", "status=400", "['k-1', 'k-1']"],
+    "fastapi_service.py": [
+        "retry while running      -> status=409",
+        "first request            -> status=201 replayed=-",
+        "retry after it ended     -> status=201 replayed=true",
+        "same key, new body       -> status=422",
+        "no key                   -> status=400",
+        "same key, other user     -> status=201 replayed=-",
+        "GET passes through       -> status=200",
+        "orders created: ['tea', 'coffee']",
+    ],
 }
 
 
 def test_handler_examples_on_the_embedded_fake() -> None:
-    """The decorator examples (sync webhook, async HTTP-style handler) run and print what they promise."""
+    """The handler examples (the decorator on a webhook, the ASGI middleware on a FastAPI service) run as promised."""
     for script, expected in HANDLERS.items():
         output = _run(script, REDIS_URL="")
         for text in expected:
@@ -58,7 +67,7 @@ def test_handler_examples_on_the_embedded_fake() -> None:
 
 
 def test_handler_examples_on_a_real_server(redis_standalone: RedisProcess) -> None:
-    """The decorator examples run unchanged against a real server through REDIS_URL."""
+    """The handler examples run unchanged against a real server through REDIS_URL."""
     for script, expected in HANDLERS.items():
         output = _run(script, REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
         for text in expected:
