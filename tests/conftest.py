@@ -2,9 +2,12 @@
 
 Backends: fakeredis with scripts, fakeredis with the native commands, and real
 standalone / replicated / clustered redis-server. Drivers: ``Claim`` and ``AsyncClaim``.
+Modules that set ``BACKENDS = ALL_BACKENDS`` also run on redis-server with the
+reference module loaded (``native``, ``native-cluster``: the SDK takes the native path).
 
 Real servers start once per session on free loopback ports. Outside CI a
-missing redis-server skips their tests; with ``CI`` set it fails them.
+missing redis-server (or a module that does not build) skips their tests; with
+``CI`` set it fails them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from tests import servers
 
 IN_CI = bool(os.environ.get("CI"))
 BACKENDS = ("fake", "fake-native", "standalone", "replica", "cluster")
+# redis-server with the reference module (GOBLIN.CLAIM / GOBLIN.CAD), standalone and
+# clustered (the module on every node). Opt-in per test module, to keep the suite's time.
+NATIVE_BACKENDS = ("native", "native-cluster")
+ALL_BACKENDS = BACKENDS + NATIVE_BACKENDS
 _counter = itertools.count()
 
 
@@ -81,6 +88,32 @@ def redis_server_binary() -> str:
     return _binary()
 
 
+@pytest.fixture(scope="session")
+def goblin_module() -> str:
+    """The reference module's path (``make native`` builds it when missing or stale)."""
+    path, output = servers.build_module()
+    if path is None:
+        message = f"the reference module did not build (make native):\n{output[-3000:]}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def redis_native(goblin_module: str) -> Iterator[servers.RedisProcess]:
+    """A standalone redis-server with the reference module, for the whole session."""
+    with servers.standalone(_binary(), "--loadmodule", goblin_module) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_native_cluster(goblin_module: str) -> Iterator[list[servers.RedisProcess]]:
+    """A three-primary cluster with the reference module on every node, for the whole session."""
+    with servers.cluster(_binary(), extra=("--loadmodule", goblin_module)) as nodes:
+        yield nodes
+
+
 # --------------------------------------------------------------------------- backends
 
 
@@ -107,11 +140,11 @@ class Backend:
         return self.make_async(**kwargs)
 
 
-def _server_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
+def _server_backend(name: str, host: str, port: int, cluster: bool, native: bool = False) -> Backend:
     if cluster:
         return Backend(
             name,
-            native=False,
+            native=native,
             make_sync=lambda **kw: redis.cluster.RedisCluster(host=host, port=port, **kw),
             # The asyncio cluster client has no blocking pool: it needs room for every task.
             make_async=lambda **kw: redis.asyncio.cluster.RedisCluster(
@@ -130,14 +163,23 @@ def _server_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
 
     return Backend(
         name,
-        native=False,
+        native=native,
         make_sync=lambda **kw: redis.Redis(host=host, port=port, **kw),
         make_async=make_async,
         is_server=True,
     )
 
 
-@pytest.fixture(params=BACKENDS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run every test that uses ``backend`` on its module's ``BACKENDS`` (by default this file's)."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if any("backend" in marker.args[0] for marker in metafunc.definition.iter_markers("parametrize")):
+        return  # the test chose its backends itself
+    metafunc.parametrize("backend", getattr(metafunc.module, "BACKENDS", BACKENDS), indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """Each backend in turn."""
     name = request.param
@@ -158,6 +200,12 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     elif name == "replica":
         primary, _replica = request.getfixturevalue("redis_replicated")
         made = _server_backend(name, servers.HOST, primary.port, cluster=False)
+    elif name == "native":
+        srv = request.getfixturevalue("redis_native")
+        made = _server_backend(name, servers.HOST, srv.port, cluster=False, native=True)
+    elif name == "native-cluster":
+        nodes = request.getfixturevalue("redis_native_cluster")
+        made = _server_backend(name, servers.HOST, nodes[0].port, cluster=True, native=True)
     else:
         nodes = request.getfixturevalue("redis_cluster")
         made = _server_backend(name, servers.HOST, nodes[0].port, cluster=True)

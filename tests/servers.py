@@ -1,7 +1,8 @@
 """Real redis-server processes for the tests: standalone, primary + replica, cluster.
 
 Each server runs on a free loopback port in a temporary directory and is stopped
-by its PID. Nothing here uses a fixed port.
+by its PID. Nothing here uses a fixed port. Any of them may load the reference
+module (``native/goblin.c``, built by ``make native``) with ``"--loadmodule", path``.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
 HOST = "127.0.0.1"
+ROOT = Path(__file__).resolve().parent.parent
+# Where `make native` builds the reference module.
+MODULE = ROOT / "build" / "native" / "goblin.so"
 
 
 def redis_server_binary() -> str | None:
@@ -110,10 +114,44 @@ def _wait_ready(server: RedisProcess, timeout: float = 10.0) -> bool:
         client.close()
 
 
+def restart(server: RedisProcess, args: Sequence[str] | None = None) -> RedisProcess:
+    """Start a stopped (or killed) server again on its port and directory; ``args`` replace its own.
+
+    The directory is kept, so an AOF or RDB written before is loaded again.
+    """
+    server.process.wait(10)
+    command = list(server.args if args is None else args)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    restarted = RedisProcess(server.port, server.directory, process, command)
+    if not _wait_ready(restarted, timeout=20):
+        log = server.directory / "redis.log"
+        raise RuntimeError(f"redis-server did not restart: {log.read_text(errors='replace')[-2000:]}")
+    return restarted
+
+
+def build_module() -> tuple[Path | None, str]:
+    """The reference module, built by ``make native`` when missing or older than its source.
+
+    Returns:
+        The module's path (``None`` when the build failed), and the build's output.
+    """
+    source = ROOT / "native" / "goblin.c"
+    if MODULE.exists() and MODULE.stat().st_mtime >= source.stat().st_mtime:
+        return MODULE, ""
+    try:
+        done = subprocess.run(
+            ["make", "--no-print-directory", "native"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    output = done.stdout + done.stderr
+    return (MODULE if done.returncode == 0 and MODULE.exists() else None), output
+
+
 @contextlib.contextmanager
-def standalone(binary: str) -> Iterator[RedisProcess]:
-    """A standalone server."""
-    server = start_server(binary)
+def standalone(binary: str, *extra: str) -> Iterator[RedisProcess]:
+    """A standalone server (``extra``: more server arguments, such as ``--loadmodule``)."""
+    server = start_server(binary, *extra)
     try:
         yield server
     finally:
@@ -121,9 +159,9 @@ def standalone(binary: str) -> Iterator[RedisProcess]:
 
 
 @contextlib.contextmanager
-def primary_with_replica(binary: str) -> Iterator[tuple[RedisProcess, RedisProcess]]:
-    """A primary and one replica of it, in sync before this yields."""
-    primary = start_server(binary)
+def primary_with_replica(binary: str, primary_args: Sequence[str] = ()) -> Iterator[tuple[RedisProcess, RedisProcess]]:
+    """A primary and one replica of it, in sync before this yields (``primary_args``: the primary's alone)."""
+    primary = start_server(binary, *primary_args)
     replica: RedisProcess | None = None
     try:
         replica = start_server(binary, "--replicaof", HOST, str(primary.port))
@@ -142,12 +180,14 @@ def primary_with_replica(binary: str) -> Iterator[tuple[RedisProcess, RedisProce
 
 
 @contextlib.contextmanager
-def cluster(binary: str, primaries: int = 3) -> Iterator[list[RedisProcess]]:
-    """A cluster of ``primaries`` primaries (no replicas), all slots covered."""
+def cluster(binary: str, primaries: int = 3, extra: Sequence[str] = ()) -> Iterator[list[RedisProcess]]:
+    """A cluster of ``primaries`` primaries (no replicas), all slots covered (``extra``: for every node)."""
     nodes: list[RedisProcess] = []
     try:
         for _ in range(primaries):
-            nodes.append(start_server(binary, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"))
+            nodes.append(
+                start_server(binary, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", *extra)
+            )
         _assign_slots(nodes)
         yield nodes
     finally:

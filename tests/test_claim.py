@@ -33,8 +33,11 @@ from goblin_claim import (
     StillInFlightError,
     WrongTypeError,
 )
-from tests.conftest import Driver, unique
+from tests.conftest import ALL_BACKENDS, Driver, unique
 from tests.servers import HOST, free_port
+
+# Also on redis-server with the reference module loaded (the SDK takes the native path).
+BACKENDS = ALL_BACKENDS
 
 NO_RETRY = Retry(NoBackoff(), 0)  # fail at once: the port is known to be closed
 ASYNC_NO_RETRY = AsyncRetry(NoBackoff(), 0)
@@ -312,7 +315,7 @@ def test_from_keys_interoperates_with_raw_writers(driver: Driver) -> None:
     assert driver.from_keys(claim_key, result_key).acquire() == Completed(key=claim_key, value=b"raw-answer")
 
 
-@pytest.mark.parametrize("backend", ["cluster"], indirect=True)
+@pytest.mark.parametrize("backend", ["cluster", "native-cluster"], indirect=True)
 def test_cross_slot_keys_on_a_cluster_are_a_clear_error(driver: Driver) -> None:
     """On a cluster, from_keys with keys in different slots fails with ServerError, writing nothing."""
     handle = driver.from_keys(f"claim:{unique()}", f"result:{unique()}")

@@ -25,8 +25,11 @@ from goblin_claim import (
     StillInFlightError,
     idempotent,
 )
-from tests.conftest import Deco, Driver, unique
+from tests.conftest import ALL_BACKENDS, Deco, Driver, unique
 from tests.servers import RedisProcess, start_server
+
+# Also on redis-server with the reference module loaded (the SDK takes the native path).
+BACKENDS = ALL_BACKENDS
 
 # --------------------------------------------------------------------------- sent twice
 

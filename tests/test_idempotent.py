@@ -33,7 +33,10 @@ from goblin_claim import (
     idempotent,
 )
 from goblin_claim.testing import fake_async_redis, fake_redis
-from tests.conftest import Backend, Deco, unique
+from tests.conftest import ALL_BACKENDS, Backend, Deco, unique
+
+# Also on redis-server with the reference module loaded (the SDK takes the native path).
+BACKENDS = ALL_BACKENDS
 
 
 class Receipt(pydantic.BaseModel):

@@ -7,7 +7,10 @@ import threading
 from typing import Any
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight
-from tests.conftest import Backend, unique
+from tests.conftest import ALL_BACKENDS, Backend, unique
+
+# Also on redis-server with the reference module loaded (the SDK takes the native path).
+BACKENDS = ALL_BACKENDS
 
 
 def test_fifty_threads_one_key_one_winner(backend: Backend) -> None:

@@ -1,0 +1,282 @@
+"""``goblin-claim``: doctor, inspect and forget against real servers (in process, and the installed script)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from goblin_claim import Claim, Claimed, idempotent
+from goblin_claim._cli import eviction_finding, main, native_finding
+from tests import servers
+from tests.conftest import unique
+
+
+def run(*argv: str) -> tuple[int, str]:
+    """``goblin-claim argv...`` in process: the exit status and what it printed."""
+    out = io.StringIO()
+    status = main(list(argv), out=out)
+    return status, out.getvalue()
+
+
+def url(server: servers.RedisProcess, user: str = "") -> str:
+    """The server's URL (with ``user:pw@`` when a user is given)."""
+    auth = f"{user}:pw@" if user else ""
+    return f"redis://{auth}{servers.HOST}:{server.port}/0"
+
+
+@pytest.fixture
+def stock(redis_standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
+    """A client on the stock standalone server."""
+    client = redis_standalone.client()
+    yield client
+    client.close()
+
+
+# --------------------------------------------------------------------------- the command itself
+
+
+def test_installed_script_help_names_the_commands_and_exit_status() -> None:
+    """The `goblin-claim` console script (a [project.scripts] entry) explains its commands and exit status."""
+    script = Path(sys.executable).parent / "goblin-claim"
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True, timeout=60)
+    for word in ("doctor", "inspect", "forget", "exit status", "--namespace"):
+        assert word in done.stdout
+    done = subprocess.run([str(script), "doctor", "--help"], capture_output=True, text=True, check=True, timeout=60)
+    for word in ("maxmemory-policy", "ACL", "--url", "--no-write"):
+        assert word in done.stdout
+
+
+def test_a_namespace_with_braces_is_bad_usage() -> None:
+    """A namespace the SDK refuses is a usage error (exit 2), before connecting."""
+    assert run("inspect", "k", "--namespace", "a{b}", "--url", "redis://127.0.0.1:1")[0] == 2
+
+
+def test_an_unreachable_server_exits_1_with_what_to_check() -> None:
+    """No server at --url: exit 1, saying what to check."""
+    status, text = run("doctor", "--url", f"redis://{servers.HOST}:{servers.free_port()}/0")
+    assert status == 1
+    assert "cannot connect" in text
+    assert "check --url" in text
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis
+) -> None:
+    """Stock Redis with noeviction: scripts load, the module is optional, the ACL check passes; exit 0, no keys left."""
+    namespace = unique("doctor")
+    status, text = run("doctor", "--url", url(redis_standalone), "--namespace", namespace)
+    assert status == 0, text
+    assert "standalone" in text
+    assert "GOBLIN.CLAIM / GOBLIN.CAD are not loaded" in text
+    assert "loadmodule" in text
+    assert "the 6 Lua scripts load" in text
+    assert "maxmemory-policy noeviction" in text
+    assert "may run on" in text
+    assert "no problems" in text
+    assert stock.keys(f"{namespace}:*") == []
+
+
+def test_doctor_on_the_module_server_finds_the_native_commands(redis_native: servers.RedisProcess) -> None:
+    """With the module loaded: GOBLIN.CLAIM / GOBLIN.CAD found, and the ACL check runs them too."""
+    status, text = run("doctor", "--url", url(redis_native), "--namespace", unique("doctor"))
+    assert status == 0, text
+    assert "GOBLIN.CLAIM and GOBLIN.CAD are loaded" in text
+    assert "claim (GOBLIN.CLAIM)" in text
+    assert "release (GOBLIN.CAD)" in text
+
+
+def test_doctor_on_the_module_cluster_checks_every_primary(redis_native_cluster: list[servers.RedisProcess]) -> None:
+    """Given one node of a cluster with the module everywhere: a cluster of 3 primaries, native, no problem."""
+    status, text = run("doctor", "--url", url(redis_native_cluster[1]), "--namespace", unique("doctor"))
+    assert status == 0, text
+    assert "a cluster of 3 primaries" in text
+    assert "GOBLIN.CLAIM and GOBLIN.CAD are loaded" in text
+    assert "load on every primary" in text
+    assert text.count("maxmemory-policy noeviction") == 3
+
+
+def test_doctor_on_a_stock_cluster(redis_cluster: list[servers.RedisProcess]) -> None:
+    """A cluster without the module: the scripts are used, no problem."""
+    status, text = run("doctor", "--url", url(redis_cluster[0]), "--namespace", unique("doctor"))
+    assert status == 0, text
+    assert "a cluster of 3 primaries" in text
+    assert "not loaded" in text
+
+
+def test_a_cluster_with_the_module_on_some_nodes_is_a_problem() -> None:
+    """Module on some primaries only: a problem (unsupported), saying where it is missing."""
+    finding = native_finding({"a:1": True, "b:2": False, "c:3": True})
+    assert finding.level == "problem"
+    assert "not on b:2" in finding.what
+    assert native_finding({"a:1": True, "b:2": None}).level == "note"  # COMMAND INFO refused somewhere
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "volatile-ttl", "allkeys-random"])
+def test_doctor_flags_policies_that_evict_results(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis, policy: str
+) -> None:
+    """Any policy but noeviction, with a maxmemory, is a problem (volatile-* too: every key has a TTL); exit 1."""
+    before = stock.config_get("maxmemory*")
+    try:
+        stock.config_set("maxmemory", "1gb")
+        stock.config_set("maxmemory-policy", policy)
+        status, text = run("doctor", "--url", url(redis_standalone), "--no-write")
+    finally:
+        stock.config_set("maxmemory", before["maxmemory"])
+        stock.config_set("maxmemory-policy", before["maxmemory-policy"])
+    assert status == 1, text
+    assert f"PROBLEM  {servers.HOST}:{redis_standalone.port}: maxmemory-policy {policy} can evict results" in text
+    assert "CONFIG SET maxmemory-policy noeviction" in text
+
+
+def test_an_evicting_policy_without_maxmemory_is_a_note() -> None:
+    """Without a maxmemory nothing is evicted yet: a note that says what would happen, not a problem."""
+    finding = eviction_finding("n:1", "volatile-lru", 0)
+    assert finding.level == "note"
+    assert "once one is" in finding.what
+
+
+@pytest.mark.parametrize(
+    ("commands", "keys", "refusal", "grant"),
+    [(["+@all", "-evalsha"], "goblin:*", "'evalsha' command", "+evalsha"),
+     (["+@all"], "other:*", "no permissions to access one of the keys", "~goblin:*")],
+    ids=["no-evalsha", "other-keys"],
+)  # fmt: skip
+def test_doctor_says_what_a_restricted_acl_user_may_not_run(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis, commands: list[str], keys: str, refusal: str, grant: str
+) -> None:
+    """A user without EVALSHA, or without the namespace's keys: a problem naming the refusal and the grants."""
+    user = unique("user")
+    stock.acl_setuser(user, enabled=True, passwords=["+pw"], keys=[keys], commands=commands)
+    try:
+        status, text = run("doctor", "--url", url(redis_standalone, user))
+        assert status == 1, text
+        assert f"ACL user '{user}' may not run" in text
+        assert refusal in text
+        assert grant in text
+    finally:
+        stock.acl_deluser(user)
+
+
+def test_doctor_on_a_replica_is_a_problem(redis_replicated: tuple[servers.RedisProcess, servers.RedisProcess]) -> None:
+    """Pointed at a replica: a problem (claims go to the primary), and its writes are refused."""
+    _, replica = redis_replicated
+    status, text = run("doctor", "--url", url(replica), "--namespace", unique("doctor"))
+    assert status == 1, text
+    assert "is a replica" in text
+    assert "point the SDK at the primary" in text
+
+
+# --------------------------------------------------------------------------- inspect and forget
+
+
+def test_inspect_names_each_state(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
+    """free, held (token and lease), done (retention), done but the result lost (exit 1)."""
+    ns = unique("ns")
+    target = url(redis_standalone)
+    status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
+    assert (status, "state   free" in text) == (0, True)
+    owner = Claim(stock, "evt88", namespace=ns, token="worker-3", lease=30, ttl=600)
+    assert isinstance(owner.acquire(), Claimed)
+    status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
+    assert status == 0
+    assert f"claim   {ns}:{{evt88}}:claim: 'worker-3', TTL " in text
+    assert "state   held by 'worker-3', lease ends in" in text
+    owner.complete("charged:txn_551")
+    status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
+    assert status == 0
+    assert "raw text: 'charged:txn_551'" in text
+    assert "state   done by 'worker-3', kept 600 s more" in text
+    stock.delete(owner.result_key)
+    status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
+    assert status == 1
+    assert "the result is lost" in text
+    assert "goblin-claim forget evt88" in text
+
+
+def test_inspect_decodes_the_decorators_envelope(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
+    """A result stored by @idempotent shows as its JSON value and call fingerprint; a stored error as its type."""
+    ns = unique("ns")
+
+    class CardDeclined(Exception):
+        pass
+
+    @idempotent(stock, key="order_id", namespace=ns, replay_errors=(CardDeclined,))
+    def charge(order_id: str, amount: int) -> dict[str, Any]:
+        if amount < 0:
+            raise CardDeclined("insufficient funds")
+        return {"txn": "txn_551", "amount": amount}
+
+    charge("o1", 25)
+    with pytest.raises(CardDeclined):
+        charge("o2", -1)
+    status, text = run("inspect", "o1", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0
+    assert "@idempotent result, call fingerprint " in text
+    assert '"txn": "txn_551"' in text
+    status, text = run("inspect", "o2", "--namespace", ns, "--url", url(redis_standalone))
+    assert "@idempotent stored error" in text
+    assert "CardDeclined: insufficient funds" in text
+
+
+def test_inspect_flags_keys_goblin_claim_did_not_write(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis
+) -> None:
+    """A hash at the claim key, a result with no claim, binary bytes: shown as they are, with exit 1."""
+    ns = unique("ns")
+    claim_key, result_key = Claim(stock, "k", namespace=ns).claim_key, Claim(stock, "k", namespace=ns).result_key
+    stock.hset(claim_key, "f", "v")
+    status, text = run("inspect", "k", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 1
+    assert "a hash, not written by goblin-claim" in text
+    stock.delete(claim_key)
+    stock.set(result_key, b"\xff\x00")
+    status, text = run("inspect", "k", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 1
+    assert "raw bytes: b'\\xff\\x00'" in text
+    assert "no TTL" in text
+    assert "the work runs again" in text
+
+
+def test_inspect_on_a_cluster(redis_native_cluster: list[servers.RedisProcess]) -> None:
+    """Given any node of a cluster, inspect finds the key on the node that holds its slot."""
+    ns = unique("ns")
+    client = redis.cluster.RedisCluster(host=servers.HOST, port=redis_native_cluster[0].port)
+    try:
+        Claim(client, "evt88", namespace=ns, token="worker-3").acquire()
+        for node in redis_native_cluster:
+            status, text = run("inspect", "evt88", "--namespace", ns, "--url", url(node))
+            assert status == 0
+            assert "held by 'worker-3'" in text
+    finally:
+        client.close()
+
+
+def test_forget_says_what_it_deleted_and_reopens_the_key(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis
+) -> None:
+    """Forget deletes claim and result, says which and what they held; again: nothing to forget (exit 0)."""
+    ns = unique("ns")
+    owner = Claim(stock, "evt88", namespace=ns, token="worker-3")
+    owner.acquire()
+    owner.complete("charged:txn_551")
+    status, text = run("forget", "evt88", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0
+    assert f"deleted {ns}:{{evt88}}:claim and {ns}:{{evt88}}:result" in text
+    assert "it was: done by 'worker-3'" in text
+    assert stock.exists(owner.claim_key, owner.result_key) == 0
+    assert isinstance(Claim(stock, "evt88", namespace=ns).acquire(), Claimed)
+    Claim(stock, "evt88", namespace=ns).forget()
+    status, text = run("forget", "evt88", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0
+    assert "nothing to forget" in text
