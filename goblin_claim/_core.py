@@ -404,6 +404,7 @@ class ClaimBase(Generic[ClientT]):
     __slots__ = (
         "_client",
         "_fence_key",
+        "_holder",
         "_lapse_ms",
         "_native",
         "_replica_timeout_ms",
@@ -457,6 +458,7 @@ class ClaimBase(Generic[ClientT]):
         self.token = new_token() if token is None else check_token(token)
         self._native = native if type(native) is str and native == "auto" else check_native(native)
         self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
+        self._holder: object = None  # what the last claim reply said claim_key holds, when it said
         if fencing is False:
             self._fence_key: str | None = None
         elif fencing is True:

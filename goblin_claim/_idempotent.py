@@ -583,13 +583,13 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         token=call.token, native=spec.native, replicas=spec.replicas, replica_timeout_ms=spec.replica_timeout_ms,
     )  # fmt: skip
     try:
-        outcome, holder = claim._acquire()
+        outcome = claim.acquire()
     except NotReplicatedError:
         # Claimed on the primary only: give it back rather than run undurably.
         _release_quietly(claim)
         raise
     if isinstance(outcome, InFlight):
-        spec.check_holder(holder, call)
+        spec.check_holder(claim._holder, call)
         if spec.wait == 0:
             raise spec.in_flight(call)
         outcome = claim.wait(timeout=spec.wait)
@@ -652,13 +652,13 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
         token=call.token, native=spec.native, replicas=spec.replicas, replica_timeout_ms=spec.replica_timeout_ms,
     )  # fmt: skip
     try:
-        outcome, holder = await claim._acquire()
+        outcome = await claim.acquire()
     except NotReplicatedError:
         # Claimed on the primary only: give it back rather than run undurably.
         await _release_quietly_async(claim)
         raise
     if isinstance(outcome, InFlight):
-        spec.check_holder(holder, call)
+        spec.check_holder(claim._holder, call)
         if spec.wait == 0:
             raise spec.in_flight(call)
         outcome = await claim.wait(timeout=spec.wait)

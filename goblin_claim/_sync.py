@@ -15,6 +15,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from ._core import (
+    CLAIM,
     COMPLETE,
     EXTEND,
     FORGET,
@@ -197,7 +198,22 @@ class Claim(ClaimBase["SyncClient"]):
             ConnectionFailedError: Redis could not be reached.
             NotReplicatedError: With ``replicas``: claimed, but not acknowledged in time.
         """
-        return self._acquire()[0]
+        args: Args
+        if self._fence_key is None:  # the common case, inline: this is the hot path
+            script, args = CLAIM, (self.claim_key, self.result_key, self.token, self.lease)
+        else:
+            script, args = self._claim_call()
+        if self._replicas:
+            reply, acknowledged = self._call_and_wait(script, args, self.result_key)
+            outcome, self._holder = self._claim_outcome(reply, acknowledged)
+            return outcome
+        reply = self._call(script, args, self.result_key)
+        if reply is None:
+            # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
+            # claim (or a lost result); one read of the holder tells them apart.
+            reply = self._peek()
+        outcome, self._holder = self._claim_outcome(reply)
+        return outcome
 
     def complete(self, value: bytes | str) -> None:
         """Store the work's result for ``ttl`` seconds and mark the work done.
@@ -319,19 +335,6 @@ class Claim(ClaimBase["SyncClient"]):
         """
         return KeepAlive(self, interval)
 
-    def _acquire(self) -> tuple[Outcome, object]:
-        """The claim's outcome, and what claim_key holds when that is known (the holder's token)."""
-        script, args = self._claim_call()
-        if self._replicas:
-            reply, acknowledged = self._call_and_wait(script, args, self.result_key)
-            return self._claim_outcome(reply, acknowledged)
-        reply = self._call(script, args, self.result_key)
-        if reply is None:
-            # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
-            # claim (or a lost result); one read of the holder tells them apart.
-            reply = self._peek()
-        return self._claim_outcome(reply)
-
     def _announce_free(self) -> None:
         """Wake the claim's waiters (they poll anyway if this does not reach them)."""
         client = self._client
@@ -353,7 +356,12 @@ class Claim(ClaimBase["SyncClient"]):
         try:
             if not state.ready:
                 _prepare(client, state)
-            native = native_command(self._native, state.native, script, self.key)
+            # No native commands known and "auto": the scripts, without asking the core.
+            native = (
+                None
+                if not state.native and self._native == "auto"
+                else native_command(self._native, state.native, script, self.key)
+            )
             if native is not None:
                 try:
                     # redis-py leaves execute_command untyped on some clients.

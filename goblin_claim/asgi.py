@@ -289,7 +289,8 @@ class IdempotencyMiddleware:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, claim: AsyncClaim, fp: str) -> None:
         try:
-            outcome, holder = await claim._acquire()
+            outcome = await claim.acquire()
+            holder = claim._holder
             if isinstance(outcome, InFlight):
                 if _holder_fp(holder) not in (None, fp):
                     await _problem(send, 422, _MISMATCH)
