@@ -15,7 +15,7 @@ import random
 import secrets
 from dataclasses import dataclass, replace
 from importlib import resources
-from typing import ClassVar, Final, Generic, Literal, TypeVar, Union
+from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, Union
 
 from ._errors import (
     ClaimLostError,
@@ -392,6 +392,7 @@ def check_replicas(replicas: object, timeout_ms: object) -> tuple[int, int]:
 
 
 ClientT = TypeVar("ClientT")
+HandleT = TypeVar("HandleT", bound="ClaimBase[Any]")
 
 
 class ClaimBase(Generic[ClientT]):
@@ -470,6 +471,35 @@ class ClaimBase(Generic[ClientT]):
             self._replicas, self._replica_timeout_ms = 0, 500
         else:
             self._replicas, self._replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+
+    @classmethod
+    def _checked(
+        cls: type[HandleT],
+        client: Any,
+        key: str,
+        namespace: str,
+        token: str,
+        lease: int,
+        ttl: int,
+        native: NativeMode,
+        replicas: int,
+        replica_timeout_ms: int,
+    ) -> HandleT:
+        """A handle from settings the caller already checked (the decorator does, once).
+
+        The same handle ``__init__`` makes (a test compares every slot), without
+        checking again what was checked at decoration, on every call.
+        """
+        self = cls.__new__(cls)
+        self._client = client
+        self.key = key
+        self.claim_key, self.result_key = build_keys(namespace, key)
+        self.lease, self.ttl, self.token, self._native = lease, ttl, token, native
+        self._fence_key = None
+        self._replicas, self._replica_timeout_ms = replicas, replica_timeout_ms
+        self._lapse_ms = None
+        self._holder = None
+        return self
 
     @classmethod
     def _with_keys(
