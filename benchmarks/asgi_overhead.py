@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import re
 import secrets
 import shutil
@@ -43,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import server_url
 
 from tests import servers
 
@@ -134,19 +136,6 @@ def app_server(variant: str, redis_url: str) -> Iterator[int]:
             process.wait()
 
 
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    url = os.environ.get("REDIS_URL")
-    if url:
-        yield url
-        return
-    binary = servers.redis_server_binary()
-    if binary is None:
-        raise SystemExit("redis-server not found: run `make test` once, or set REDIS_URL")
-    with servers.standalone(binary) as server:
-        yield f"redis://{servers.HOST}:{server.port}/0"
-
-
 # --------------------------------------------------------------------------- the load
 
 
@@ -227,7 +216,7 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script_file:
         script_file.write(WRK_SCRIPT.replace("wrk.body", repr(BODY.decode())))
         script_file.flush()
-        with redis_url() as url, app_server("bare", url) as bare, app_server("middleware", url) as guarded:
+        with server_url() as url, app_server("bare", url) as bare, app_server("middleware", url) as guarded:
             # variant -> (port, wrk mode)
             plan = {"bare": (bare, "none"), "no key": (guarded, "none"), "first call": (guarded, "fresh"),
                     "replay": (guarded, "same")}  # fmt: skip

@@ -44,7 +44,8 @@ _ids = itertools.count()
 
 
 @contextlib.contextmanager
-def server_url() -> Iterator[str]:
+def server_url(*server_args: str) -> Iterator[str]:
+    """REDIS_URL, else a redis-server of our own on a free port (the benchmarks share this)."""
     url = os.environ.get("REDIS_URL")
     if url:
         yield url
@@ -52,7 +53,7 @@ def server_url() -> Iterator[str]:
     binary = servers.redis_server_binary()
     if binary is None:
         raise SystemExit("redis-server not found: run `make test` once, or set REDIS_URL")
-    with servers.standalone(binary) as server:
+    with servers.standalone(binary, *server_args) as server:
         yield f"redis://{servers.HOST}:{server.port}/0"
 
 

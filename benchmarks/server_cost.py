@@ -31,6 +31,9 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import server_url
 
 from goblin_claim._core import CLAIM
 from tests import servers
@@ -46,16 +49,9 @@ SIDES = {"script": ("evalsha", "EVALSHA claim.lua"), "native": ("goblin.claim", 
 
 
 @contextlib.contextmanager
-def server_url(module: str) -> Iterator[str]:
-    url = os.environ.get("REDIS_URL")
-    if url:
+def module_server_url(module: str) -> Iterator[str]:
+    with server_url("--loadmodule", str(Path(module).resolve())) as url:
         yield url
-        return
-    binary = servers.redis_server_binary()
-    if binary is None:
-        raise SystemExit("redis-server not found: run `make test` once, or set REDIS_URL")
-    with servers.standalone(binary, "--loadmodule", str(Path(module).resolve())) as server:
-        yield f"redis://{servers.HOST}:{server.port}/0"
 
 
 def keys(count: int) -> list[tuple[str, str]]:
@@ -112,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     if not os.environ.get("REDIS_URL") and not Path(args.module).exists():
         raise SystemExit(f"{args.module} not found: run `make native`")
-    with server_url(args.module) as url:
+    with module_server_url(args.module) as url:
         client = redis.Redis.from_url(url)
         version = client.info("server")["redis_version"]
         if not client.execute_command("COMMAND INFO", "goblin.claim")[0]:
