@@ -16,7 +16,6 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from ._core import (
-    CLAIM,
     COMPLETE,
     EXTEND,
     FORGET,
@@ -28,6 +27,7 @@ from ._core import (
     Outcome,
     Script,
     native_command,
+    script_command,
 )
 from ._errors import ConnectionFailedError, GoblinClaimError, InvalidArgumentError, UnreadableResultError
 from ._keepalive import AsyncKeepAlive
@@ -199,11 +199,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             ConnectionFailedError: Redis could not be reached.
             NotReplicatedError: With ``replicas``: claimed, but not acknowledged in time.
         """
-        args: Args
-        if self._fence_key is None:  # the common case, inline: this is the hot path
-            script, args = CLAIM, (self.claim_key, self.result_key, self.token, self.lease)
-        else:
-            script, args = self._claim_call()
+        script, args = self._claim_call()
         if self._replicas:
             reply, acknowledged = await self._call_and_wait(script, args, self.result_key)
             outcome, self._holder = self._claim_outcome(reply, acknowledged)
@@ -357,12 +353,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         try:
             if not state.ready:
                 await _prepare(client, state)
-            # No native commands known and "auto": the scripts, without asking the core.
-            native = (
-                None
-                if not state.native and self._native == "auto"
-                else native_command(self._native, state.native, script, self.key)
-            )
+            native = native_command(self._native, state.native, script, self.key)
             if native is not None:
                 try:
                     # redis-py leaves execute_command untyped on some clients.
@@ -394,10 +385,13 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         try:
             if not state.ready:
                 await _prepare(client, state)
-            reply, acknowledged = await self._pipeline_wait(script, args, source=False)
+            wait = ("WAIT", self._replicas, self._replica_timeout_ms)
+            command = script_command(script, args)
+            reply, acknowledged = await _pipelined(client, [command, wait], pipe=self._wait_pipeline())
             if isinstance(reply, NoScriptError):
                 # Nothing ran, so nothing was waited for: both again, with the source.
-                reply, acknowledged = await self._pipeline_wait(script, args, source=True)
+                command = script_command(script, args, source=True)
+                reply, acknowledged = await _pipelined(client, [command, wait], pipe=self._wait_pipeline())
             for item in (reply, acknowledged):
                 if isinstance(item, Exception):
                     raise item
@@ -405,15 +399,10 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             raise translate(exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
 
-    async def _pipeline_wait(self, script: Script, args: Args, *, source: bool) -> list[object]:
+    def _wait_pipeline(self) -> Any:
+        """A pipeline whose WAIT counts this claim's write: on a cluster, one to the key's primary."""
         client = self._client
-        pipe = _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
-        if source:
-            pipe.eval(script.source, script.numkeys, *args)
-        else:
-            pipe.evalsha(script.sha, script.numkeys, *args)
-        pipe.execute_command("WAIT", self._replicas, self._replica_timeout_ms)  # type: ignore[no-untyped-call, unused-ignore]
-        return await pipe.execute(raise_on_error=False)
+        return _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
 
 
 async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
@@ -425,12 +414,14 @@ async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
             await asyncio.wait_for(woken.wait(), delay)
 
 
-async def _pipelined(client: AsyncClient, commands: Sequence[tuple[str | bytes | int, ...]]) -> list[object]:
+async def _pipelined(client: AsyncClient, commands: Sequence[Args], pipe: Any = None) -> list[object]:
     """Send ``commands`` in one pipeline (grouped by node on a cluster); errors come back as values."""
-    pipe = client.pipeline(transaction=False)
+    if pipe is None:
+        pipe = client.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
-    return await pipe.execute(raise_on_error=False)
+    replies: list[object] = await pipe.execute(raise_on_error=False)
+    return replies
 
 
 def _needs_script(reply: object, mode: NativeMode) -> bool:

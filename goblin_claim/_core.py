@@ -47,6 +47,7 @@ __all__ = [
     "WaitSchedule",
     "check_seconds",
     "native_command",
+    "script_command",
 ]
 
 NativeMode = Literal["auto", "never", "always"]
@@ -114,6 +115,18 @@ PEEK: Final = Script.load("peek", 1)
 FORGET: Final = Script.load("forget", 2)
 SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK, FORGET)
 NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
+
+
+def script_command(
+    script: Script, args: tuple[str | bytes | int, ...], *, source: bool = False
+) -> tuple[str | bytes | int, ...]:
+    """``script`` as one command for a pipeline: EVALSHA, or EVAL of its text (``source``).
+
+    The text is for a server that lost its script cache.
+    """
+    if source:
+        return ("EVAL", script.source, script.numkeys, *args)
+    return ("EVALSHA", script.sha, script.numkeys, *args)
 
 
 def native_command(mode: NativeMode, available: frozenset[str] | None, script: Script, key: str) -> str | None:
@@ -538,18 +551,16 @@ class ClaimBase(Generic[ClientT]):
         keep = max(self.lease, self.ttl)
         return CLAIM_FENCED, (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
 
-    def _claim_command(self, available: frozenset[str] | None, *, source: bool = False) -> tuple[str | int, ...]:
+    def _claim_command(
+        self, available: frozenset[str] | None, *, source: bool = False
+    ) -> tuple[str | bytes | int, ...]:
         """The claim as one command for a pipeline: GOBLIN.CLAIM where chosen, else the script.
 
         ``source`` sends the script's text (EVAL), for a server that lost its cache.
         """
         script, args = self._claim_call()
-        if source:
-            return ("EVAL", script.source, script.numkeys, *args)
-        native = native_command(self._native, available, script, self.key)
-        if native is not None:
-            return (native, *args)
-        return ("EVALSHA", script.sha, script.numkeys, *args)
+        native = None if source else native_command(self._native, available, script, self.key)
+        return (native, *args) if native is not None else script_command(script, args, source=source)
 
     def _claim_outcome(self, reply: object, acknowledged: int | None = None) -> tuple[Outcome, object]:
         """The outcome of a claim reply, and what claim_key holds when that is known.

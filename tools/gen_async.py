@@ -62,6 +62,7 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ),
     (" client.script_load(script.source)\n", " await client.script_load(script.source)\n"),
     ("replies = pipe.execute(", "replies = await pipe.execute("),
+    ("replies: list[object] = pipe.execute(", "replies: list[object] = await pipe.execute("),
     ("    def _announce_free(", "    async def _announce_free("),
     ("            self._announce_free()", "            await self._announce_free()"),
     ("                client.spublish(self.claim_key", "                await client.spublish(self.claim_key"),
@@ -104,11 +105,8 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ("claim: Claim) -> Any:", "claim: AsyncClaim) -> Any:"),
     ("    def forget(", "    async def forget("),
     ("    def _call_and_wait(", "    async def _call_and_wait("),
-    ("    def _pipeline_wait(", "    async def _pipeline_wait("),
     ("reply = self._peek()", "reply = await self._peek()"),
     ("self._call_and_wait(", "await self._call_and_wait("),
-    ("= self._pipeline_wait(", "= await self._pipeline_wait("),
-    ("return pipe.execute(raise_on_error=False)", "return await pipe.execute(raise_on_error=False)"),
     (
         "    node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]\n"
         "    if node is None or node.redis_connection is None:\n"
