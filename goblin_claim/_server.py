@@ -1,9 +1,21 @@
 """What the sync and async drivers share about talking to a server.
 
 Per-client state (which native commands the server has, whether the scripts
-are loaded), reading the native probe's reply, and the single place where
-redis-py errors become goblin-claim errors. State lives per client instance in
-a weak map, never on a class, so two clients (two servers) never share it.
+are loaded, which way commands go), reading the native probe's reply, the
+direct round trip, and the single place where redis-py errors become
+goblin-claim errors. State lives per client instance in a weak map, never on a
+class, so two clients (two servers) never share it.
+
+The direct round trip: on a stock ``redis.Redis`` / ``redis.asyncio.Redis`` the
+SDK's own commands take a connection from the client's pool, send, read and
+give it back, retried by the connection's ``Retry`` with a disconnect between
+tries, as ``execute_command`` does; what it leaves out is the per-command
+bookkeeping around that (metrics hooks that are off, argument filtering), which
+is most of redis-py's cost on a loopback round trip. Where that bookkeeping
+matters it is kept: a subclass or wrapper of ``execute_command`` (OpenTelemetry's
+instrumentation, a test spy), redis-py's own observability switched on, a
+single-connection client, a cluster client or a redis-py older than 6 all get
+``execute_command`` for every command.
 """
 
 from __future__ import annotations
@@ -14,7 +26,10 @@ import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import redis
+import redis.asyncio
 from redis.exceptions import (
     ConnectionError as RedisConnectionError,
 )
@@ -34,10 +49,14 @@ __all__ = [
     "PROBE_ARGS",
     "PROBE_COMMAND",
     "ClientState",
+    "direct_pool",
     "is_unknown_command",
     "native_from_command_table",
     "native_from_probe",
+    "pack",
     "reply_encoding",
+    "send_direct",
+    "send_direct_async",
     "state_of",
     "translate",
 ]
@@ -56,11 +75,14 @@ class ClientState:
         native: The native commands the server answers; ``None`` until probed.
         ready: The probe ran and the scripts were offered to SCRIPT LOAD.
         text: The client's encoding and whether it decodes replies; ``None`` until read.
+        direct: The pool the SDK's round trips use directly (see the module
+            docstring); ``None`` sends them through ``execute_command``.
     """
 
     native: frozenset[str] | None = None
     ready: bool = False
     text: tuple[str, bool] | None = None
+    direct: Any = None
     # One lock per world: threads of a sync client, tasks of an asyncio client.
     sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     async_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -101,6 +123,115 @@ def reply_encoding(client: object) -> tuple[str, bool]:
             text = ("utf-8", False)
         state.text = text
     return text
+
+
+# The stock execute_command of each client class, as redis-py defines it. A
+# wrapper (wrapt keeps the original as __wrapped__) or an override differs.
+_STOCK_EXECUTE = (
+    redis.client.Redis.__dict__.get("execute_command"),
+    redis.asyncio.client.Redis.__dict__.get("execute_command"),
+)
+# From redis-py 6, pools hand out connections without a command name; connections
+# that can be asked to reconnect by a maintenance notice say so.
+_DIRECT_REDIS = int(redis.__version__.split(".", 1)[0]) >= 6 and hasattr(
+    redis.connection.AbstractConnection, "should_reconnect"
+)
+
+
+def direct_pool(client: object) -> Any:
+    """The pool ``client``'s round trips may use directly, or ``None`` for ``execute_command``.
+
+    Decided once per client, when it is first used (see the module docstring).
+    """
+    if not _DIRECT_REDIS or not isinstance(client, (redis.Redis, redis.asyncio.Redis)):
+        return None
+    execute = getattr(type(client), "execute_command", None)
+    if execute is None or execute not in _STOCK_EXECUTE or hasattr(execute, "__wrapped__"):
+        return None
+    if getattr(client, "connection", None) is not None or getattr(client, "single_connection_client", False):
+        return None
+    if getattr(client, "_single_connection_client", False) or _observed():
+        return None
+    return client.connection_pool
+
+
+def _observed() -> bool:
+    """Whether redis-py records metrics of its commands (redis-py 7.1 and newer can)."""
+    try:
+        from redis.observability.providers import get_observability_instance
+    except ImportError:
+        return False
+    try:
+        return bool(get_observability_instance().is_enabled())
+    except Exception:
+        return True
+
+
+# Values longer than this go out as their own buffer rather than being copied.
+_JOIN_UP_TO = 6000
+
+
+def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
+    """``command`` in RESP, as redis-py packs it, for the SDK's own arguments (str, bytes, int).
+
+    The client's encoder gives the encoding for str; a long value is kept as its
+    own buffer, so a large result is not copied into the command.
+    """
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    buffers: list[bytes] = []
+    pending = [b"*%d\r\n" % len(command)]
+    for arg in command:
+        if type(arg) is bytes:
+            data = arg
+        elif type(arg) is str:
+            data = arg.encode(encoding, errors)
+        else:
+            data = b"%d" % arg  # type: ignore[str-format]  # an int, the only other kind
+        if len(data) > _JOIN_UP_TO:
+            pending.append(b"$%d\r\n" % len(data))
+            buffers += (b"".join(pending), data)
+            pending = [b"\r\n"]
+        else:
+            pending.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    buffers.append(b"".join(pending))
+    return buffers
+
+
+def send_direct(pool: Any, command: tuple[object, ...]) -> object:
+    """One command and its raw reply over a connection of ``pool`` (a sync client's).
+
+    Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
+    errors it retries, disconnecting before each new try.
+    """
+    conn = pool.get_connection()
+    try:
+
+        def attempt() -> object:
+            conn.send_packed_command(pack(command, conn.encoder))
+            return conn.read_response()
+
+        return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+    finally:
+        try:
+            if conn.should_reconnect():  # a maintenance notice asked for a new connection
+                conn.disconnect()
+                conn.connect()
+        finally:
+            pool.release(conn)
+
+
+async def send_direct_async(pool: Any, command: tuple[object, ...]) -> object:
+    """``send_direct`` for an asyncio client's pool."""
+    conn = await pool.get_connection()
+    try:
+
+        async def attempt() -> object:
+            await conn.send_packed_command(pack(command, conn.encoder))
+            return await conn.read_response()
+
+        return await conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+    finally:
+        await pool.release(conn)
 
 
 def native_from_probe(reply: object) -> frozenset[str]:

@@ -35,10 +35,12 @@ from ._server import (
     PROBE_ARGS,
     PROBE_COMMAND,
     ClientState,
+    direct_pool,
     is_unknown_command,
     native_from_command_table,
     native_from_probe,
     reply_encoding,
+    send_direct,
     state_of,
     translate,
 )
@@ -355,19 +357,19 @@ class Claim(ClaimBase["SyncClient"]):
             native = native_command(self._native, state.native, script, self.key)
             if native is not None:
                 try:
-                    # redis-py leaves execute_command untyped on some clients.
-                    return client.execute_command(native, *args)  # type: ignore[no-untyped-call, unused-ignore]
+                    return _send(client, state.direct, (native, *args))
                 except (ResponseError, RedisClusterException) as exc:
                     if self._native == "always" or not is_unknown_command(exc):
                         raise
                     # This node lacks the module after all: scripts from now on.
                     state.native = frozenset()
+            args += script_only
             try:
-                return client.evalsha(script.sha, script.numkeys, *args, *script_only)
+                return _send(client, state.direct, script_command(script, args))
             except NoScriptError:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
-                return client.eval(script.source, script.numkeys, *args, *script_only)
+                return _send(client, state.direct, script_command(script, args, source=True))
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
@@ -402,6 +404,14 @@ class Claim(ClaimBase["SyncClient"]):
         """A pipeline whose WAIT counts this claim's write: on a cluster, one to the key's primary."""
         client = self._client
         return _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
+
+
+def _send(client: SyncClient, pool: Any, command: Args) -> object:
+    """One command's raw reply: straight through the pool where ``direct_pool`` allowed it."""
+    if pool is None:
+        # redis-py leaves execute_command untyped on some clients.
+        return client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
+    return send_direct(pool, command)
 
 
 def _sleep(woken: threading.Event | None, delay: float) -> None:
@@ -467,4 +477,5 @@ def _prepare(client: SyncClient, state: ClientState) -> None:
             # One round trip; an error entry (NOPERM for the probe) is data here.
             replies = pipe.execute(raise_on_error=False)
             state.native = native_from_probe(replies[0])
+        state.direct = direct_pool(client)
         state.ready = True

@@ -1,0 +1,284 @@
+"""The direct round trip: which clients take it, and that nothing is lost when they do.
+
+A stock client's round trips go straight through its pool (``_server.send_direct``);
+anyone watching ``execute_command`` (a subclass, an instrumentation patched onto
+the class, redis-py's own observability) gets every command through it instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+import redis.cluster
+from hypothesis import given
+from hypothesis import strategies as st
+from redis._parsers.encoders import Encoder
+from redis.connection import PythonRespSerializer
+
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed
+from goblin_claim._server import direct_pool, pack, state_of
+from tests import servers
+from tests.conftest import unique
+
+
+@pytest.fixture
+def server(redis_standalone: servers.RedisProcess) -> servers.RedisProcess:
+    """The session's standalone redis-server."""
+    return redis_standalone
+
+
+def _sync(server: servers.RedisProcess, cls: type[redis.Redis] = redis.Redis, **kwargs: Any) -> redis.Redis:
+    return cls(host=servers.HOST, port=server.port, **kwargs)
+
+
+def _async(
+    server: servers.RedisProcess, cls: type[redis.asyncio.Redis] = redis.asyncio.Redis, **kwargs: Any
+) -> redis.asyncio.Redis:
+    return cls(host=servers.HOST, port=server.port, **kwargs)
+
+
+def _commands_run(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(entry["calls"]) for name, entry in stats.items() if name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def _redis_py_pack(command: tuple[Any, ...], encoder: Encoder) -> bytes:
+    return b"".join(PythonRespSerializer(6000, encoder.encode).pack(*command))
+
+
+_args = st.one_of(
+    st.text(min_size=0, max_size=40),
+    st.binary(max_size=40),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.binary(min_size=6001, max_size=7000),
+)
+
+
+@given(name=st.sampled_from(["EVALSHA", "EVAL", "GOBLIN.CLAIM"]), args=st.lists(_args, max_size=10))
+def test_packing_matches_redis_py_byte_for_byte(name: str, args: list[Any]) -> None:
+    """Any str, bytes or int arguments, short or long, pack as redis-py packs them."""
+    encoder = Encoder("utf-8", "strict", False)
+    command = (name, *args)
+    assert b"".join(pack(command, encoder)) == _redis_py_pack(command, encoder)
+
+
+@given(args=st.lists(st.text(alphabet=st.characters(max_codepoint=255), max_size=20), max_size=6))
+def test_packing_uses_the_clients_encoding(args: list[str]) -> None:
+    """A client set to latin-1 sends its str arguments in latin-1."""
+    encoder = Encoder("latin-1", "strict", False)
+    command = ("EVALSHA", *args)
+    assert b"".join(pack(command, encoder)) == _redis_py_pack(command, encoder)
+
+
+def test_a_large_value_is_sent_as_its_own_buffer() -> None:
+    """A large result goes out as the caller's own bytes object."""
+    big = b"x" * 100_000
+    buffers = pack(("EVALSHA", "sha", 2, "a", "b", big, 30), Encoder("utf-8", "strict", False))
+    assert any(buffer is big for buffer in buffers)  # not copied into a joined command
+
+
+# --------------------------------------------------------------------------- which clients go direct
+
+
+class _Watched(redis.Redis):
+    """A client that records every command it is asked to run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[str] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.seen.append(str(args[0]))
+        return super().execute_command(*args, **options)
+
+
+class _AsyncWatched(redis.asyncio.Redis):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[str] = []
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.seen.append(str(args[0]))
+        return await super().execute_command(*args, **options)
+
+
+def test_stock_clients_go_direct_and_others_through_execute_command(
+    server: servers.RedisProcess, redis_cluster: list[servers.RedisProcess]
+) -> None:
+    """Stock clients use their pool directly; every other kind goes through execute_command."""
+    stock, single, watched = _sync(server), _sync(server, single_connection_client=True), _sync(server, _Watched)
+    astock, asingle, awatched = (
+        _async(server),
+        _async(server, single_connection_client=True),
+        _async(server, _AsyncWatched),
+    )
+    cluster = redis.cluster.RedisCluster(host=servers.HOST, port=redis_cluster[0].port)
+    try:
+        assert direct_pool(stock) is stock.connection_pool
+        assert direct_pool(astock) is astock.connection_pool
+        for client in (single, watched, asingle, awatched, cluster):
+            assert direct_pool(client) is None, client
+    finally:
+        for client in (stock, single, watched, cluster):
+            client.close()
+        asyncio.run(_close(astock, asingle, awatched))
+
+
+async def _close(*clients: redis.asyncio.Redis) -> None:
+    for client in clients:
+        await client.aclose()
+
+
+def test_a_stock_client_runs_every_round_trip_direct(server: servers.RedisProcess) -> None:
+    """Every call of a stock client reaches the server once, through its pool."""
+    client, probe = _sync(server), _sync(server)
+    try:
+        claim = Claim(client, unique("direct"), lease=30)
+        before = _commands_run(probe)
+        assert isinstance(claim.acquire(), Claimed)
+        assert state_of(client).direct is client.connection_pool
+        claim.extend()
+        claim.complete(b"done")
+        assert isinstance(Claim(client, claim.key).acquire(), Completed)
+        assert not claim.release()  # completed: nothing to give back
+        assert claim.forget()
+        assert _commands_run(probe) - before == 6  # each one reached the server, once
+    finally:
+        client.close()
+        probe.close()
+
+
+def _flow(claim: Claim, again: Claim) -> list[object]:
+    return [claim.acquire(), claim.extend(), claim.complete(b"v"), again.acquire(), claim.release(), claim.forget()]
+
+
+def test_a_subclass_that_watches_execute_command_sees_every_round_trip(server: servers.RedisProcess) -> None:
+    """A subclass overriding execute_command is asked to run every command."""
+    client = _sync(server, _Watched)
+    try:
+        key = unique("watched")
+        Claim(client, unique("warm")).acquire()  # the first use loads the scripts (a pipeline)
+        client.seen.clear()
+        _flow(Claim(client, key, lease=30), Claim(client, key))
+        assert client.seen == ["EVALSHA"] * 6
+        assert state_of(client).direct is None
+    finally:
+        client.close()
+
+
+def test_an_async_subclass_that_watches_execute_command_sees_every_round_trip(server: servers.RedisProcess) -> None:
+    """The same for an asyncio client."""
+
+    async def main() -> list[str]:
+        client = _async(server, _AsyncWatched)
+        try:
+            key = unique("awatched")
+            await AsyncClaim(client, unique("warm")).acquire()
+            client.seen.clear()
+            claim, again = AsyncClaim(client, key, lease=30), AsyncClaim(client, key)
+            await claim.acquire()
+            await claim.extend()
+            await claim.complete(b"v")
+            assert isinstance(await again.acquire(), Completed)
+            await claim.release()
+            await claim.forget()
+            return list(client.seen)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == ["EVALSHA"] * 6
+
+
+@pytest.fixture
+def instrumented(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``redis.Redis.execute_command`` wrapped on the class, as tracing instrumentation does."""
+    seen: list[str] = []
+    original = redis.Redis.execute_command
+
+    @functools.wraps(original)
+    def traced(self: redis.Redis, *args: Any, **options: Any) -> Any:
+        seen.append(str(args[0]))
+        return original(self, *args, **options)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    return seen
+
+
+def test_instrumentation_patched_onto_the_class_sees_every_round_trip(
+    server: servers.RedisProcess, instrumented: list[str]
+) -> None:
+    """A tracer that wraps redis.Redis.execute_command on the class sees every command."""
+    client = _sync(server)
+    try:
+        key = unique("traced")
+        Claim(client, unique("warm")).acquire()
+        instrumented.clear()
+        _flow(Claim(client, key, lease=30), Claim(client, key))
+        assert instrumented == ["EVALSHA"] * 6
+    finally:
+        client.close()
+
+
+def test_redis_py_observability_keeps_commands_recorded(server: servers.RedisProcess) -> None:
+    """With redis-py's own metrics on, commands go where redis-py records them."""
+    observability = pytest.importorskip("redis.observability.providers")
+    config = pytest.importorskip("redis.observability.config")
+    observability.get_observability_instance().init(config.OTelConfig())
+    client = _sync(server)
+    try:
+        assert observability.get_observability_instance().is_enabled()
+        assert isinstance(Claim(client, unique("observed")).acquire(), Claimed)
+        assert state_of(client).direct is None
+    finally:
+        observability.reset_observability_instance()
+        client.close()
+
+
+# --------------------------------------------------------------------------- the failure path, direct
+
+
+def _value(outcome: object) -> object:
+    assert isinstance(outcome, Completed), outcome
+    return outcome.value
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_killed_connection_is_retried_on_the_direct_path(server: servers.RedisProcess, kind: str) -> None:
+    """The pool's connection dies between calls: the next call reconnects, as execute_command would."""
+    admin = _sync(server)
+    key = unique("killed")
+    try:
+        if kind == "sync":
+            client = _sync(server)
+            claim = Claim(client, key, lease=30)
+            assert isinstance(claim.acquire(), Claimed)
+            assert state_of(client).direct is client.connection_pool
+            assert admin.client_kill_filter(_id=client.client_id()) == 1  # the pool's one connection
+            claim.complete(b"after the kill")
+            assert _value(Claim(client, key).acquire()) == b"after the kill"
+            client.close()
+        else:
+
+            async def main() -> object:
+                client = _async(server)
+                try:
+                    claim = AsyncClaim(client, key, lease=30)
+                    assert isinstance(await claim.acquire(), Claimed)
+                    assert state_of(client).direct is client.connection_pool
+                    assert admin.client_kill_filter(_id=await client.client_id()) == 1
+                    await claim.complete(b"after the kill")
+                    return await AsyncClaim(client, key).acquire()
+                finally:
+                    await client.aclose()
+
+            assert _value(asyncio.run(main())) == b"after the kill"
+    finally:
+        admin.close()
