@@ -194,8 +194,7 @@ class Codec(Generic[T]):
                 f"the result for {key!r} is {len(body)} bytes as JSON, more than Redis stores in one value",
                 key=key,
             )
-        head = f'{{"goblin":{VERSION},"kind":"result","fp":{json.dumps(fp)},"value":'
-        return head.encode() + body + b"}"
+        return b"".join((_RESULT_HEAD, _json_fp(fp), b',"value":', body, b"}"))
 
     def encode_error(self, exc: BaseException, fp: str | None) -> bytes:
         """The envelope of a terminal error."""
@@ -222,6 +221,18 @@ class Codec(Generic[T]):
                 f"(another writer, or a changed annotation): {preview!r}",
                 key=key,
             ) from exc
+
+
+_RESULT_HEAD: Final = f'{{"goblin":{VERSION},"kind":"result","fp":'.encode()
+
+
+def _json_fp(fp: str | None) -> bytes:
+    """A fingerprint as JSON: hex digits need no escaping (anything else goes through json)."""
+    if fp is None:
+        return b"null"
+    if fp.isascii() and fp.isalnum():
+        return b'"%s"' % fp.encode()
+    return json.dumps(fp).encode()
 
 
 def _same(back: Any, value: Any) -> bool:

@@ -62,6 +62,7 @@ from ._errors import (
     ResultNotSerializableError,
     StillInFlightError,
 )
+from ._keepalive import AsyncKeepAlive, KeepAlive
 from ._outcomes import Completed, InFlight
 from ._sync import Claim
 
@@ -609,48 +610,64 @@ def _return_type(func: Callable[..., Any], name: str) -> Any:
 def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call = spec.prepare(args, kwargs)
     claim = spec.handle(Claim, call)
+    # The keep-alive registers while the claim is on the wire (bookkeeping that
+    # costs no time there); it counts a lost renewal only once the claim is ours.
+    keeper = claim.keep_alive() if spec.keep_alive else None
     try:
-        outcome = claim.acquire()
-    except NotReplicatedError:
-        # Claimed on the primary only: give it back rather than run undurably.
-        _release_quietly(claim)
-        raise
-    if isinstance(outcome, InFlight):
-        spec.check_holder(claim._holder, call)
-        if spec.wait == 0:
-            raise spec.in_flight(call)
-        outcome = claim.wait(timeout=spec.wait)
-    if isinstance(outcome, Completed):
-        return spec.settle(outcome.value, call)
-    try:
-        with claim.keep_alive() if spec.keep_alive else contextlib.nullcontext():
-            result = spec.func(*args, **kwargs)
-    except BaseException as exc:
-        if isinstance(exc, spec.replay_errors):
-            with contextlib.suppress(ClaimLostError):
-                claim.complete(spec.codec.encode_error(exc, call.fp))
-        else:
+        if keeper is not None:
+            keeper._armed = False
+        try:
+            outcome = claim._acquire(None if keeper is None else keeper._begin)
+        except NotReplicatedError:
+            # Claimed on the primary only: give it back rather than run undurably.
             _release_quietly(claim)
-        raise
-    try:
-        payload = spec.codec.encode_result(result, call.fp, call.key)
-    except ResultNotSerializableError as exc:
-        # The function ran: fail closed. Duplicates are told, nothing runs again.
-        _store(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result)
-        exc.result = result
-        raise
-    _store(spec, claim, call, payload, result)
-    return result
+            raise
+        if isinstance(outcome, InFlight):
+            spec.check_holder(claim._holder, call)
+            if spec.wait == 0:
+                raise spec.in_flight(call)
+            outcome = claim.wait(timeout=spec.wait)
+        if isinstance(outcome, Completed):
+            return spec.settle(outcome.value, call)
+        if keeper is not None:
+            keeper._begin()  # if the claim went out without it (a wait, replicas)
+            keeper._armed = True
+        try:
+            result = spec.func(*args, **kwargs)
+        except BaseException as exc:
+            if keeper is not None:
+                keeper._end()
+            if isinstance(exc, spec.replay_errors):
+                with contextlib.suppress(ClaimLostError):
+                    claim.complete(spec.codec.encode_error(exc, call.fp))
+            else:
+                _release_quietly(claim)
+            raise
+        try:
+            payload = spec.codec.encode_result(result, call.fp, call.key)
+        except ResultNotSerializableError as exc:
+            # The function ran: fail closed. Duplicates are told, nothing runs again.
+            _store(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result, keeper)
+            exc.result = result
+            raise
+        _store(spec, claim, call, payload, result, keeper)
+        return result
+    finally:
+        if keeper is not None:
+            keeper._end()
 
 
-def _store(spec: _Spec, claim: Claim, call: _Call, payload: bytes, result: Any) -> None:
+def _store(
+    spec: _Spec, claim: Claim, call: _Call, payload: bytes, result: Any, keeper: KeepAlive | None
+) -> None:  # fmt: skip
     # The function has run: a dropped connection must not drop its result. The
     # write is owner-checked and safe to send twice, so it is retried while the
     # lease lasts (and after, it still lands if nobody claimed the key since).
+    # The keep-alive stops while the first write is on the wire.
     schedule = None
     while True:
         try:
-            claim.complete(payload)
+            claim._complete(payload, None if keeper is None else keeper._end)
             return
         except ClaimLostError as exc:
             raise spec.lost(call, result, exc) from exc
@@ -675,48 +692,64 @@ def _release_quietly(claim: Claim) -> None:
 async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call = spec.prepare(args, kwargs)
     claim = spec.handle(AsyncClaim, call)
+    # The keep-alive registers while the claim is on the wire (bookkeeping that
+    # costs no time there); it counts a lost renewal only once the claim is ours.
+    keeper = claim.keep_alive() if spec.keep_alive else None
     try:
-        outcome = await claim.acquire()
-    except NotReplicatedError:
-        # Claimed on the primary only: give it back rather than run undurably.
-        await _release_quietly_async(claim)
-        raise
-    if isinstance(outcome, InFlight):
-        spec.check_holder(claim._holder, call)
-        if spec.wait == 0:
-            raise spec.in_flight(call)
-        outcome = await claim.wait(timeout=spec.wait)
-    if isinstance(outcome, Completed):
-        return spec.settle(outcome.value, call)
-    try:
-        async with claim.keep_alive() if spec.keep_alive else contextlib.nullcontext():
-            result = await spec.func(*args, **kwargs)
-    except BaseException as exc:  # cancellation included: a retry must not wait for the lease
-        if isinstance(exc, spec.replay_errors):
-            with contextlib.suppress(ClaimLostError):
-                await claim.complete(spec.codec.encode_error(exc, call.fp))
-        else:
+        if keeper is not None:
+            keeper._armed = False
+        try:
+            outcome = await claim._acquire(None if keeper is None else keeper._begin)
+        except NotReplicatedError:
+            # Claimed on the primary only: give it back rather than run undurably.
             await _release_quietly_async(claim)
-        raise
-    try:
-        payload = spec.codec.encode_result(result, call.fp, call.key)
-    except ResultNotSerializableError as exc:
-        # The function ran: fail closed. Duplicates are told, nothing runs again.
-        await _store_async(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result)
-        exc.result = result
-        raise
-    await _store_async(spec, claim, call, payload, result)
-    return result
+            raise
+        if isinstance(outcome, InFlight):
+            spec.check_holder(claim._holder, call)
+            if spec.wait == 0:
+                raise spec.in_flight(call)
+            outcome = await claim.wait(timeout=spec.wait)
+        if isinstance(outcome, Completed):
+            return spec.settle(outcome.value, call)
+        if keeper is not None:
+            keeper._begin()  # if the claim went out without it (a wait, replicas)
+            keeper._armed = True
+        try:
+            result = await spec.func(*args, **kwargs)
+        except BaseException as exc:  # cancellation included: a retry must not wait for the lease
+            if keeper is not None:
+                keeper._end()
+            if isinstance(exc, spec.replay_errors):
+                with contextlib.suppress(ClaimLostError):
+                    await claim.complete(spec.codec.encode_error(exc, call.fp))
+            else:
+                await _release_quietly_async(claim)
+            raise
+        try:
+            payload = spec.codec.encode_result(result, call.fp, call.key)
+        except ResultNotSerializableError as exc:
+            # The function ran: fail closed. Duplicates are told, nothing runs again.
+            await _store_async(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result, keeper)
+            exc.result = result
+            raise
+        await _store_async(spec, claim, call, payload, result, keeper)
+        return result
+    finally:
+        if keeper is not None:
+            keeper._end()
 
 
-async def _store_async(spec: _Spec, claim: AsyncClaim, call: _Call, payload: bytes, result: Any) -> None:
+async def _store_async(
+    spec: _Spec, claim: AsyncClaim, call: _Call, payload: bytes, result: Any, keeper: AsyncKeepAlive | None
+) -> None:  # fmt: skip
     # The function has run: a dropped connection must not drop its result. The
     # write is owner-checked and safe to send twice, so it is retried while the
     # lease lasts (and after, it still lands if nobody claimed the key since).
+    # The keep-alive stops while the first write is on the wire.
     schedule = None
     while True:
         try:
-            await claim.complete(payload)
+            await claim._complete(payload, None if keeper is None else keeper._end)
             return
         except ClaimLostError as exc:
             raise spec.lost(call, result, exc) from exc

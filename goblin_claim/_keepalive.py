@@ -48,6 +48,9 @@ class _Renewal:
         self.lost = False
         self.renewals = 0
         self._stopped = False
+        # False while the claim may not be held yet: @idempotent starts renewing
+        # while its claim is on the wire, and a lost renewal then means nothing.
+        self._armed = True
 
 
 class KeepAlive(_Renewal):
@@ -67,11 +70,25 @@ class KeepAlive(_Renewal):
     ) -> None:
         _renewer().discard(self)
 
+    def _begin(self) -> None:
+        """Start renewing, once (``@idempotent`` calls it while its claim is on the wire)."""
+        if self._number < 0:
+            _renewer().add(self)
+
+    def _end(self) -> None:
+        """Stop renewing; harmless when never begun or already ended."""
+        if self._number < 0:
+            self._stopped = True
+        else:
+            _renewer().discard(self)
+
     def _renew(self) -> bool:
         """One renewal, on the renewer thread; whether to renew again."""
         try:
             self._claim.extend()
         except ClaimLostError:
+            if not self._armed:
+                return True  # not this handle's claim yet: the next tick looks again
             self.lost = True
             return False
         except GoblinClaimError:
@@ -197,6 +214,20 @@ class AsyncKeepAlive(_Renewal):
             # cancellation of the task running this block still propagates.
             await asyncio.gather(task, return_exceptions=True)
 
+    def _begin(self) -> None:
+        """Start renewing, once; runs in the event loop's thread."""
+        if self._loop is None:
+            self._loop = loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(loop.time() + self.interval, self._due)
+
+    def _end(self) -> None:
+        """Stop renewing without waiting: a renewal on the wire is cancelled (its connection is dropped)."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
     def _due(self) -> None:
         assert self._loop is not None
         self._task = self._loop.create_task(self._renew(), name=f"goblin-claim renewal {self._claim.key}")
@@ -205,11 +236,17 @@ class AsyncKeepAlive(_Renewal):
         try:
             await self._claim.extend()
         except ClaimLostError:
+            if not self._armed:
+                self._schedule()  # not this handle's claim yet: the next tick looks again
+                return
             self.lost = True
             return
         except GoblinClaimError:
             pass  # transient: the next tick tries again while the lease lasts
         else:
             self.renewals += 1
+        self._schedule()
+
+    def _schedule(self) -> None:
         if not self._stopped and self._loop is not None:
             self._timer = self._loop.call_at(self._loop.time() + self.interval, self._due)

@@ -24,7 +24,7 @@ import asyncio
 import codecs
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,17 +197,23 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
     return buffers
 
 
-def send_direct(pool: Any, command: tuple[object, ...]) -> object:
+def send_direct(pool: Any, command: tuple[object, ...], meanwhile: Callable[[], object] | None = None) -> object:
     """One command and its raw reply over a connection of ``pool`` (a sync client's).
 
     Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
-    errors it retries, disconnecting before each new try.
+    errors it retries, disconnecting before each new try. ``meanwhile`` runs
+    once, after the first send and before its reply is read: bookkeeping that
+    would otherwise follow the round trip costs no time of its own.
     """
     conn = pool.get_connection()
     try:
 
         def attempt() -> object:
+            nonlocal meanwhile
             conn.send_packed_command(pack(command, conn.encoder))
+            if meanwhile is not None:
+                run, meanwhile = meanwhile, None
+                run()
             return conn.read_response()
 
         return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
@@ -220,13 +226,19 @@ def send_direct(pool: Any, command: tuple[object, ...]) -> object:
             pool.release(conn)
 
 
-async def send_direct_async(pool: Any, command: tuple[object, ...]) -> object:
+async def send_direct_async(
+    pool: Any, command: tuple[object, ...], meanwhile: Callable[[], object] | None = None
+) -> object:
     """``send_direct`` for an asyncio client's pool."""
     conn = await pool.get_connection()
     try:
 
         async def attempt() -> object:
+            nonlocal meanwhile
             await conn.send_packed_command(pack(command, conn.encoder))
+            if meanwhile is not None:
+                run, meanwhile = meanwhile, None
+                run()
             return await conn.read_response()
 
         return await conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())

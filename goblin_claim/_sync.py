@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from redis.cluster import RedisCluster
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
     SyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
     Args = tuple[Union[str, bytes, int], ...]  # noqa: UP007 -- the arguments of one command
+    # Bookkeeping a caller runs while a round trip is on the wire rather than after it.
+    Meanwhile = Union[Callable[[], object], None]  # noqa: UP007
 
 __all__ = ["Claim"]
 
@@ -200,12 +202,16 @@ class Claim(ClaimBase["SyncClient"]):
             ConnectionFailedError: Redis could not be reached.
             NotReplicatedError: With ``replicas``: claimed, but not acknowledged in time.
         """
+        return self._acquire(None)
+
+    def _acquire(self, meanwhile: Meanwhile) -> Claimed | Completed | InFlight:
+        """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire."""
         script, args = self._claim_call()
         if self._replicas:
             reply, acknowledged = self._call_and_wait(script, args, self.result_key)
             outcome, self._holder = self._claim_outcome(reply, acknowledged)
             return outcome
-        reply = self._call(script, args, self.result_key)
+        reply = self._call(script, args, self.result_key, meanwhile=meanwhile)
         if reply is None:
             # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
             # claim (or a lost result); one read of the holder tells them apart.
@@ -229,12 +235,16 @@ class Claim(ClaimBase["SyncClient"]):
                 completed it with another value; nothing written.
             NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
+        self._complete(value, None)
+
+    def _complete(self, value: bytes | str, meanwhile: Meanwhile) -> None:
+        """``complete()``, running ``meanwhile`` (at most once) while the write is on the wire."""
         args = (*self._complete_args(value, *reply_encoding(self._client)), wake_kind(self._client))
         keys = f"{self.claim_key} / {self.result_key}"
         if self._replicas:
             self._completed(*self._call_and_wait(COMPLETE, args, keys))
         else:
-            self._completed(self._call(COMPLETE, args, keys))
+            self._completed(self._call(COMPLETE, args, keys, meanwhile=meanwhile))
 
     def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
@@ -348,7 +358,9 @@ class Claim(ClaimBase["SyncClient"]):
 
     # -- the round trips
 
-    def _call(self, script: Script, args: Args, keys: str, script_only: Args = ()) -> object:
+    def _call(
+        self, script: Script, args: Args, keys: str, script_only: Args = (), meanwhile: Meanwhile = None
+    ) -> object:
         client = self._client
         state = state_of(client)
         try:
@@ -357,15 +369,16 @@ class Claim(ClaimBase["SyncClient"]):
             native = native_command(self._native, state.native, script, self.key)
             if native is not None:
                 try:
-                    return _send(client, state.direct, (native, *args))
+                    return _send(client, state.direct, (native, *args), meanwhile)
                 except (ResponseError, RedisClusterException) as exc:
                     if self._native == "always" or not is_unknown_command(exc):
                         raise
                     # This node lacks the module after all: scripts from now on.
                     state.native = frozenset()
+                    meanwhile = None  # it ran with the refused command
             args += script_only
             try:
-                return _send(client, state.direct, script_command(script, args))
+                return _send(client, state.direct, script_command(script, args), meanwhile)
             except NoScriptError:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
@@ -406,12 +419,17 @@ class Claim(ClaimBase["SyncClient"]):
         return _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
 
 
-def _send(client: SyncClient, pool: Any, command: Args) -> object:
-    """One command's raw reply: straight through the pool where ``direct_pool`` allowed it."""
+def _send(client: SyncClient, pool: Any, command: Args, meanwhile: Meanwhile = None) -> object:
+    """One command's raw reply: straight through the pool where ``direct_pool`` allowed it.
+
+    ``meanwhile`` runs once: while the command is on the wire, or before it is sent.
+    """
     if pool is None:
+        if meanwhile is not None:
+            meanwhile()
         # redis-py leaves execute_command untyped on some clients.
         return client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
-    return send_direct(pool, command)
+    return send_direct(pool, command, meanwhile)
 
 
 def _sleep(woken: threading.Event | None, delay: float) -> None:

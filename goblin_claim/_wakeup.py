@@ -36,9 +36,19 @@ _RECONNECT_DELAY = 0.5
 _LINGER = 1.0
 
 
+# By client class: isinstance against the cluster classes goes through typing's
+# protocol check, microseconds on every complete().
+_WAKE_KINDS: dict[type, str] = {}
+
+
 def wake_kind(client: object) -> str:
     """How the scripts announce on ``client``'s server: sharded on a cluster."""
-    return "spublish" if isinstance(client, (RedisCluster, AsyncRedisCluster)) else "publish"
+    kind = _WAKE_KINDS.get(type(client))
+    if kind is None:
+        kind = "spublish" if isinstance(client, (RedisCluster, AsyncRedisCluster)) else "publish"
+        if len(_WAKE_KINDS) < 256:  # a handful of classes in any real program
+            _WAKE_KINDS[type(client)] = kind
+    return kind
 
 
 def _text(channel: object) -> str:

@@ -160,7 +160,7 @@ def test_decorator_flows_mirror_each_other() -> None:
         ("async def _call_async", "def _call_sync"), ("await ", ""), ("async with", "with"),
         ("AsyncClaim(", "Claim("), ("AsyncClaim,", "Claim,"), ("_release_quietly_async", "_release_quietly"),
         ("_store_async", "_store"), ("async def _store", "def _store"), ("asyncio.sleep", "time.sleep"),
-        ("  # cancellation included: a retry must not wait for the lease", ""),
+        ("  # cancellation included: a retry must not wait for the lease", ""), ("AsyncKeepAlive", "KeepAlive"),
     ]:  # fmt: skip
         asyn = asyn.replace(old, new)
     assert asyn == sync

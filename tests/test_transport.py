@@ -282,3 +282,24 @@ def test_a_killed_connection_is_retried_on_the_direct_path(server: servers.Redis
             assert _value(asyncio.run(main())) == b"after the kill"
     finally:
         admin.close()
+
+
+# --------------------------------------------------------------------------- work done while a reply is on its way
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["direct", "execute_command"])
+def test_work_meanwhile_runs_once_even_when_the_script_is_sent_twice(
+    server: servers.RedisProcess, watched: bool
+) -> None:
+    """The hook a round trip runs while its reply is on the way runs once, also across a NOSCRIPT re-send."""
+    client = _sync(server, _Watched if watched else redis.Redis)
+    try:
+        ran: list[int] = []
+        claim = Claim(client, unique("meanwhile"), lease=30)
+        assert isinstance(claim._acquire(lambda: ran.append(1)), Claimed)
+        client.script_flush()  # the next EVALSHA is refused: EVAL follows
+        claim._complete(b"v", lambda: ran.append(2))
+        assert ran == [1, 2]
+        assert _value(Claim(client, claim.key).acquire()) == b"v"
+    finally:
+        client.close()
