@@ -174,8 +174,10 @@ class Codec(Generic[T]):
         try:
             # warnings="error": a value that does not match the annotation would
             # not come back equal, so it is refused instead of stored.
-            body = self._value.dump_json(value, warnings="error")
-            back = self._value.validate_json(body)
+            # The adapter's own serializer and validator: its dump_json/validate_json
+            # wrappers cost more than the work on a small result.
+            body = self._value.serializer.to_json(value, warnings="error")
+            back = self._value.validator.validate_json(body)
         except (PydanticSerializationError, TypeError, ValueError) as exc:  # ValidationError too
             raise ResultNotSerializableError(
                 f"the result for {key!r} cannot be stored as JSON ({type(value).__name__}): {exc}; "
@@ -281,6 +283,23 @@ _NO_DEFAULT: Final[Any] = inspect.Parameter.empty
 _MISSING: Final[Any] = object()
 _ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # made once: json.dumps(**options) is not
 
+# The same encoder's C core, made once rather than on every encode() (what
+# JSONEncoder.iterencode does); circular data is caught as a RecursionError.
+_C_ENCODER: Final = (
+    json.encoder.c_make_encoder(  # type: ignore[attr-defined]  # None where the C accelerator is missing
+        None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True
+    )
+    if json.encoder.c_make_encoder is not None  # type: ignore[attr-defined]
+    else None
+)
+
+
+def _json_text(data: Any) -> str:
+    """``data`` as ``_ENCODER`` writes it."""
+    if _C_ENCODER is None:
+        return _ENCODER.encode(data)
+    return "".join(_C_ENCODER(data, 0))
+
 FingerprintParameters = tuple[tuple[str, Any], ...]
 """The parameters a fingerprint counts, each with the default that leaves it out."""
 
@@ -357,7 +376,7 @@ def fingerprint_of(arguments: collections.abc.Mapping[str, Any], counted: Finger
             value = arguments[name]
             if default is _NO_DEFAULT or not _is_default(value, default):
                 data[name] = _canonical(value)
-        text = _ENCODER.encode(data)
+        text = _json_text(data)
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise InvalidArgumentTypeError(
             f"cannot fingerprint the arguments for {key!r}: {exc}; pass fingerprint= a function of the "

@@ -77,6 +77,8 @@ class KeepAlive(_Renewal):
 
     def _end(self) -> None:
         """Stop renewing; harmless when never begun or already ended."""
+        if self._stopped:
+            return
         if self._number < 0:
             self._stopped = True
         else:
