@@ -52,7 +52,10 @@ REPLACEMENTS: list[tuple[str, str]] = [
     ("def _prepare(", "async def _prepare("),
     ("def _send(", "async def _send("),
     ("return _send(client,", "return await _send(client,"),
-    ("    return send_direct(pool, command, meanwhile)", "    return await send_direct_async(pool, command, meanwhile)"),
+    (
+        "    return send_direct(pool, command, meanwhile)",
+        "    return await send_direct_async(pool, command, meanwhile)",
+    ),
     ("    def _acquire(", "    async def _acquire("),
     ("    def _complete(", "    async def _complete("),
     ("return self._acquire(None)", "return await self._acquire(None)"),
