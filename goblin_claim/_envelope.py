@@ -300,6 +300,7 @@ def _json_text(data: Any) -> str:
         return _ENCODER.encode(data)
     return "".join(_C_ENCODER(data, 0))
 
+
 FingerprintParameters = tuple[tuple[str, Any], ...]
 """The parameters a fingerprint counts, each with the default that leaves it out."""
 
