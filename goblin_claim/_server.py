@@ -141,12 +141,15 @@ _DIRECT_REDIS = int(redis.__version__.split(".", 1)[0]) >= 6 and hasattr(
 def direct_pool(client: object) -> Any:
     """The pool ``client``'s round trips may use directly, or ``None`` for ``execute_command``.
 
-    Decided once per client, when it is first used (see the module docstring).
+    Decided once per client, when it is first used (see the module docstring): a
+    wrapper installed later is not seen.
     """
     if not _DIRECT_REDIS or not isinstance(client, (redis.Redis, redis.asyncio.Redis)):
         return None
     execute = getattr(type(client), "execute_command", None)
     if execute is None or execute not in _STOCK_EXECUTE or hasattr(execute, "__wrapped__"):
+        return None
+    if "execute_command" in vars(client):  # replaced on this client alone (a spy, a mock)
         return None
     if getattr(client, "connection", None) is not None or getattr(client, "single_connection_client", False):
         return None

@@ -212,6 +212,26 @@ def instrumented(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+def test_a_spy_set_on_one_client_sees_every_round_trip(server: servers.RedisProcess) -> None:
+    """execute_command replaced on the client object itself (a spy, a mock) is called for every command."""
+    client = _sync(server)
+    try:
+        seen: list[str] = []
+        original = client.execute_command
+
+        def spy(*args: Any, **options: Any) -> Any:
+            seen.append(str(args[0]))
+            return original(*args, **options)
+
+        client.execute_command = spy  # type: ignore[method-assign]
+        key = unique("spied")
+        _flow(Claim(client, key, lease=30), Claim(client, key))
+        assert seen == ["EVALSHA"] * 6
+        assert state_of(client).direct is None
+    finally:
+        client.close()
+
+
 def test_instrumentation_patched_onto_the_class_sees_every_round_trip(
     server: servers.RedisProcess, instrumented: list[str]
 ) -> None:
