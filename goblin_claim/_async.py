@@ -41,6 +41,7 @@ from ._server import (
     native_from_command_table,
     native_from_probe,
     reply_encoding,
+    run_meanwhile,
     send_direct_async,
     state_of,
     translate,
@@ -426,8 +427,7 @@ async def _send(client: AsyncClient, pool: Any, command: Args, meanwhile: Meanwh
     ``meanwhile`` runs once: while the command is on the wire, or before it is sent.
     """
     if pool is None:
-        if meanwhile is not None:
-            meanwhile()
+        run_meanwhile(meanwhile)
         # redis-py leaves execute_command untyped on some clients.
         return await client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
     return await send_direct_async(pool, command, meanwhile)

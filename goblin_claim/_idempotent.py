@@ -629,10 +629,10 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             outcome = claim.wait(timeout=spec.wait)
         if isinstance(outcome, Completed):
             return spec.settle(outcome.value, call)
-        if keeper is not None:
-            keeper._begin()  # if the claim went out without it (a wait, replicas)
-            keeper._armed = True
         try:
+            if keeper is not None:
+                keeper._begin()  # if the claim went out without it (a wait, replicas, a failure)
+                keeper._armed = True
             result = spec.func(*args, **kwargs)
         except BaseException as exc:
             if keeper is not None:
@@ -711,10 +711,10 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
             outcome = await claim.wait(timeout=spec.wait)
         if isinstance(outcome, Completed):
             return spec.settle(outcome.value, call)
-        if keeper is not None:
-            keeper._begin()  # if the claim went out without it (a wait, replicas)
-            keeper._armed = True
         try:
+            if keeper is not None:
+                keeper._begin()  # if the claim went out without it (a wait, replicas, a failure)
+                keeper._armed = True
             result = await spec.func(*args, **kwargs)
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease
             if keeper is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -55,6 +56,7 @@ __all__ = [
     "native_from_probe",
     "pack",
     "reply_encoding",
+    "run_meanwhile",
     "send_direct",
     "send_direct_async",
     "state_of",
@@ -131,11 +133,10 @@ _STOCK_EXECUTE = (
     redis.client.Redis.__dict__.get("execute_command"),
     redis.asyncio.client.Redis.__dict__.get("execute_command"),
 )
-# From redis-py 6, pools hand out connections without a command name; connections
-# that can be asked to reconnect by a maintenance notice say so.
-_DIRECT_REDIS = int(redis.__version__.split(".", 1)[0]) >= 6 and hasattr(
-    redis.connection.AbstractConnection, "should_reconnect"
-)
+# From redis-py 6, pools hand out connections without a command name. From 7,
+# a maintenance notice can ask a connection to reconnect once its command is done.
+_DIRECT_REDIS = int(redis.__version__.split(".", 1)[0]) >= 6
+_NOTICES = hasattr(redis.connection.AbstractConnection, "should_reconnect")
 
 
 def direct_pool(client: object) -> Any:
@@ -200,13 +201,25 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
     return buffers
 
 
+def run_meanwhile(work: Callable[[], object] | None) -> None:
+    """Run bookkeeping placed while a round trip is on the wire.
+
+    Best effort: a failure here must not leave a reply unread on the connection,
+    and every caller redoes its bookkeeping after the reply, where a failure counts.
+    """
+    if work is not None:
+        with contextlib.suppress(Exception):
+            work()
+
+
 def send_direct(pool: Any, command: tuple[object, ...], meanwhile: Callable[[], object] | None = None) -> object:
     """One command and its raw reply over a connection of ``pool`` (a sync client's).
 
     Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
     errors it retries, disconnecting before each new try. ``meanwhile`` runs
-    once, after the first send and before its reply is read: bookkeeping that
-    would otherwise follow the round trip costs no time of its own.
+    once (see ``run_meanwhile``), after the first send and before its reply is
+    read: bookkeeping that would otherwise follow the round trip costs no time
+    of its own.
     """
     conn = pool.get_connection()
     try:
@@ -214,15 +227,14 @@ def send_direct(pool: Any, command: tuple[object, ...], meanwhile: Callable[[], 
         def attempt() -> object:
             nonlocal meanwhile
             conn.send_packed_command(pack(command, conn.encoder))
-            if meanwhile is not None:
-                run, meanwhile = meanwhile, None
-                run()
+            run_meanwhile(meanwhile)
+            meanwhile = None
             return conn.read_response()
 
         return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
     finally:
         try:
-            if conn.should_reconnect():  # a maintenance notice asked for a new connection
+            if _NOTICES and conn.should_reconnect():  # a maintenance notice asked for a new connection
                 conn.disconnect()
                 conn.connect()
         finally:
@@ -239,9 +251,8 @@ async def send_direct_async(
         async def attempt() -> object:
             nonlocal meanwhile
             await conn.send_packed_command(pack(command, conn.encoder))
-            if meanwhile is not None:
-                run, meanwhile = meanwhile, None
-                run()
+            run_meanwhile(meanwhile)
+            meanwhile = None
             return await conn.read_response()
 
         return await conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())

@@ -40,6 +40,7 @@ from ._server import (
     native_from_command_table,
     native_from_probe,
     reply_encoding,
+    run_meanwhile,
     send_direct,
     state_of,
     translate,
@@ -425,8 +426,7 @@ def _send(client: SyncClient, pool: Any, command: Args, meanwhile: Meanwhile = N
     ``meanwhile`` runs once: while the command is on the wire, or before it is sent.
     """
     if pool is None:
-        if meanwhile is not None:
-            meanwhile()
+        run_meanwhile(meanwhile)
         # redis-py leaves execute_command untyped on some clients.
         return client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
     return send_direct(pool, command, meanwhile)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
-from goblin_claim import AsyncClaim, Claim, Claimed, Completed
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight
 from goblin_claim._server import direct_pool, pack, state_of
 from tests import servers
 from tests.conftest import unique
@@ -320,6 +320,24 @@ def test_work_meanwhile_runs_once_even_when_the_script_is_sent_twice(
         client.script_flush()  # the next EVALSHA is refused: EVAL follows
         claim._complete(b"v", lambda: ran.append(2))
         assert ran == [1, 2]
+        assert _value(Claim(client, claim.key).acquire()) == b"v"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["direct", "execute_command"])
+def test_failing_work_meanwhile_leaves_the_round_trip_whole(server: servers.RedisProcess, watched: bool) -> None:
+    """Bookkeeping that fails while a reply is on the way loses neither the reply nor the connection."""
+    client = _sync(server, _Watched if watched else redis.Redis, max_connections=1)
+
+    def fails() -> None:
+        raise RuntimeError("bookkeeping failed")
+
+    try:
+        claim = Claim(client, unique("failing"), lease=30)
+        assert isinstance(claim._acquire(fails), Claimed)
+        assert isinstance(Claim(client, claim.key).acquire(), InFlight)  # the one connection, clean
+        claim._complete(b"v", fails)
         assert _value(Claim(client, claim.key).acquire()) == b"v"
     finally:
         client.close()
