@@ -10,6 +10,10 @@ Every ``interval`` seconds (a third of the lease by default) each claim is
 extended. A renewal that finds the claim no longer held stops and sets ``lost``;
 a transient failure (a dropped connection) is retried at the next tick rather
 than raised into the void.
+
+``@idempotent`` begins its keep-alive while the claim is still on the wire, so
+the registration costs no time of its own; until the claim is known to be held
+(armed), a renewal that finds another holder is no loss, only too early.
 """
 
 from __future__ import annotations

@@ -160,14 +160,14 @@ def direct_pool(client: object) -> Any:
 
 
 def _observed() -> bool:
-    """Whether redis-py records metrics of its commands (redis-py 7.1 and newer can)."""
+    """Whether redis-py records metrics of its commands (recent redis-py can, with OpenTelemetry)."""
     try:
         from redis.observability.providers import get_observability_instance
     except ImportError:
         return False
     try:
         return bool(get_observability_instance().is_enabled())
-    except Exception:
+    except Exception:  # cannot tell: let redis-py record
         return True
 
 
@@ -233,12 +233,10 @@ def send_direct(pool: Any, command: tuple[object, ...], meanwhile: Callable[[], 
 
         return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
     finally:
-        try:
-            if _NOTICES and conn.should_reconnect():  # a maintenance notice asked for a new connection
-                conn.disconnect()
-                conn.connect()
-        finally:
-            pool.release(conn)
+        if _NOTICES and conn.should_reconnect():
+            # A maintenance notice asked for a new connection: the next use makes it.
+            conn.disconnect()
+        pool.release(conn)
 
 
 async def send_direct_async(
