@@ -610,14 +610,14 @@ def _return_type(func: Callable[..., Any], name: str) -> Any:
 def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call = spec.prepare(args, kwargs)
     claim = spec.handle(Claim, call)
-    # The keep-alive registers while the claim is on the wire (bookkeeping that
-    # costs no time there); it counts a lost renewal only once the claim is ours.
+    # The sync keep-alive registers while the claim is on the wire (bookkeeping
+    # that costs no time there); it counts a lost renewal only once the claim is ours.
     keeper = claim.keep_alive() if spec.keep_alive else None
     try:
         if keeper is not None:
             keeper._armed = False
         try:
-            outcome = claim._acquire(None if keeper is None else keeper._begin)
+            outcome = claim._acquire(None if keeper is None else keeper._early)
         except NotReplicatedError:
             # Claimed on the primary only: give it back rather than run undurably.
             _release_quietly(claim)
@@ -692,14 +692,14 @@ def _release_quietly(claim: Claim) -> None:
 async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call = spec.prepare(args, kwargs)
     claim = spec.handle(AsyncClaim, call)
-    # The keep-alive registers while the claim is on the wire (bookkeeping that
-    # costs no time there); it counts a lost renewal only once the claim is ours.
+    # The sync keep-alive registers while the claim is on the wire (bookkeeping
+    # that costs no time there); it counts a lost renewal only once the claim is ours.
     keeper = claim.keep_alive() if spec.keep_alive else None
     try:
         if keeper is not None:
             keeper._armed = False
         try:
-            outcome = await claim._acquire(None if keeper is None else keeper._begin)
+            outcome = await claim._acquire(None if keeper is None else keeper._early)
         except NotReplicatedError:
             # Claimed on the primary only: give it back rather than run undurably.
             await _release_quietly_async(claim)

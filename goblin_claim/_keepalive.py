@@ -79,6 +79,10 @@ class KeepAlive(_Renewal):
         if self._number < 0:
             _renewer().add(self)
 
+    # What @idempotent runs while its claim is on the wire: registering there
+    # costs the caller no time of its own.
+    _early = _begin
+
     def _end(self) -> None:
         """Stop renewing; harmless when never begun or already ended."""
         if self._stopped:
@@ -219,6 +223,10 @@ class AsyncKeepAlive(_Renewal):
             # gather() reports the renewal's own cancellation as a value, while a
             # cancellation of the task running this block still propagates.
             await asyncio.gather(task, return_exceptions=True)
+
+    # Nothing while the claim is on the wire: the event loop runs other tasks then,
+    # so registering early would hide nothing; it begins once the claim is held.
+    _early = None
 
     def _begin(self) -> None:
         """Start renewing, once; runs in the event loop's thread."""
