@@ -164,6 +164,11 @@ class Codec(Generic[T]):
             self._envelope: TypeAdapter[ResultEnvelope[T] | ErrorEnvelope | UnstorableEnvelope] = TypeAdapter(envelope)
         except PydanticUserError as exc:  # schema errors too: a type pydantic cannot store
             raise InvalidArgumentTypeError(f"cannot store results of type {return_type!r}: {exc}") from exc
+        # Serializer warnings say a value does not match its annotation. Where the
+        # annotation is Any all the way down, the serializer infers every value and
+        # has nothing to warn about that the round trip below would not catch, so
+        # the costly "error" mode is spared.
+        self._warnings: Literal["error"] | bool = False if _infers_everything(return_type) else "error"
 
     def encode_result(self, value: T, fp: str | None, key: str) -> bytes:
         """The envelope of a result.
@@ -176,7 +181,7 @@ class Codec(Generic[T]):
             # not come back equal, so it is refused instead of stored.
             # The adapter's own serializer and validator: its dump_json/validate_json
             # wrappers cost more than the work on a small result.
-            body = self._value.serializer.to_json(value, warnings="error")
+            body = self._value.serializer.to_json(value, warnings=self._warnings)
             back = self._value.validator.validate_json(body)
         except (PydanticSerializationError, TypeError, ValueError) as exc:  # ValidationError too
             raise ResultNotSerializableError(
@@ -235,6 +240,16 @@ def _json_fp(fp: str | None) -> bytes:
     if fp.isascii() and fp.isalnum():
         return b'"%s"' % fp.encode()
     return json.dumps(fp).encode()
+
+
+def _infers_everything(return_type: Any) -> bool:
+    """Whether ``return_type`` is ``Any``, or a dict or list of ``Any`` (keys Any or str)."""
+    if return_type is Any or return_type in (dict, list):
+        return True
+    origin, args = typing.get_origin(return_type), typing.get_args(return_type)
+    if origin is dict:
+        return args in ((str, Any), (Any, Any))
+    return origin is list and args == (Any,)
 
 
 def _same(back: Any, value: Any) -> bool:
