@@ -13,6 +13,7 @@ import itertools
 import os
 import random
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, Union
@@ -55,6 +56,9 @@ _NATIVE_MODES: Final = ("auto", "never", "always")
 
 CLAIMED: Final = "CLAIMED"
 _CLAIMED_REPLIES: Final = (CLAIMED.encode(), CLAIMED)
+# Outcomes from a dict of their fields, as Claimed(**fields) makes them (validated).
+_claimed_outcome: Final[Callable[[dict[str, Any]], Claimed]] = Claimed.__pydantic_validator__.validate_python
+_completed_outcome: Final[Callable[[dict[str, Any]], Completed]] = Completed.__pydantic_validator__.validate_python
 
 # A lease or ttl above this is refused: Redis rejects expiries that overflow its
 # millisecond clock, and no real claim needs to be held for longer than ~68 years.
@@ -573,7 +577,8 @@ class ClaimBase(Generic[ClientT]):
             ResultLostError: claim_key says done, but the result is gone.
             NotReplicatedError: This handle took the claim, but too few replicas acknowledged it.
         """
-        # Plain constructors: pydantic's validated __init__ is faster than model_construct.
+        # Validated, not model_construct (slower); the two hot outcomes straight
+        # through their validators, which is what __init__ does, less its wrapper.
         if type(reply) is list:
             if not reply:
                 return InFlight(key=self.key), None  # claim_key holds a non-string: in flight, as natively
@@ -599,14 +604,14 @@ class ClaimBase(Generic[ClientT]):
             return self._claimed(None, acknowledged), self.token
         if reply is None:
             return InFlight(key=self.key), None
-        return Completed(key=self.key, value=reply), None  # type: ignore[arg-type]  # bytes or str from redis-py
+        return _completed_outcome({"key": self.key, "value": reply}), None
 
     def _claimed(self, fence: object, acknowledged: int | None) -> Claimed:
         if acknowledged is not None and acknowledged < self._replicas:
             raise self._not_replicated("claim", acknowledged)
         if type(fence) is not int:
             fence = None
-        return Claimed(key=self.key, token=self.token, lease=self.lease, fence=fence)
+        return _claimed_outcome({"key": self.key, "token": self.token, "lease": self.lease, "fence": fence})
 
     def _complete_args(
         self, value: object, encoding: str = "utf-8", text_only: bool = False

@@ -24,8 +24,7 @@ import types
 import typing
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast, overload
 
 from ._async import AsyncClaim
 from ._core import (
@@ -213,8 +212,7 @@ def idempotent(
     return cast(Decorator, decorate)
 
 
-@dataclass(frozen=True)
-class _Call:
+class _Call(NamedTuple):
     """One invocation: its key, fingerprint and the token that carries the fingerprint."""
 
     key: str
