@@ -174,9 +174,15 @@ def test_unserializable_result_fails_closed(deco: Deco) -> None:
 @pytest.mark.parametrize(
     ("annotation", "value"),
     [(int, "not an int"), (Any, datetime.datetime(2026, 11, 30)), (Any, Decimal("1.5")), (Any, (1, 2)),
-     (Any, {1: "a"}), (Any, Point(1, 2)), (float, 3), (bytes, "text")],
+     (Any, {1: "a"}), (Any, Point(1, 2)), (float, 3), (bytes, "text"),
+     # Annotations of Any all the way down are serialized without warnings="error":
+     # the round trip alone must refuse what would come back different.
+     (dict[str, Any], [1]), (dict[str, Any], {1: "x"}), (dict[str, Any], {"a": (1, 2)}),
+     (dict[str, Any], {"a": {1: 2}}), (dict[str, Any], "text"), (list[Any], [1, (2, 3)]),
+     (dict, {"a": float("nan")}), (list, [datetime.date(2026, 11, 30)])],
     ids=["str-for-int", "any-datetime", "any-decimal", "any-tuple", "any-int-keys", "any-dataclass", "int-for-float",
-         "str-for-bytes"],
+         "str-for-bytes", "dict-any-given-list", "dict-any-int-keys", "dict-any-tuple-inside",
+         "dict-any-int-keys-inside", "dict-any-given-str", "list-any-tuple-inside", "dict-nan", "list-date"],
 )  # fmt: skip
 def test_results_that_would_replay_differently_fail_closed(deco: Deco, annotation: Any, value: Any) -> None:
     """A result that would come back unequal or of another type is not stored as a value; the work is not re-run."""
