@@ -444,7 +444,7 @@ def _canonical(value: Any) -> Any:
         return _canonical_mapping(value)
     if isinstance(value, (collections.abc.Set, frozenset)):
         # No order, and str hashing differs per process: sorted by their JSON.
-        return sorted((_canonical(item) for item in value), key=_ENCODER.encode)
+        return sorted((_canonical(item) for item in value), key=_json_text)
     if isinstance(value, collections.abc.Sequence):
         return [_canonical(item) for item in value]
     return to_jsonable_python(value)  # datetime, Decimal, UUID, Path...; unknown objects raise
@@ -456,7 +456,7 @@ def _canonical_mapping(value: collections.abc.Mapping[Any, Any]) -> dict[str, An
         if type(name) is not str:
             # As JSON writes keys: 1 and "1" are the same key.
             text = _canonical(name)
-            name = text if isinstance(text, str) else _ENCODER.encode(text)
+            name = text if isinstance(text, str) else _json_text(text)
         if name.startswith("$"):
             name = "$" + name  # a caller's {"$bytes": ...} never reads as a tag
         data[name] = _canonical(item)
@@ -484,4 +484,4 @@ def _secret_bytes(value: SecretStr | SecretBytes | Secret[Any]) -> bytes:
         return secret.encode("utf-8", "surrogatepass")
     if isinstance(secret, bytes):
         return secret
-    return _ENCODER.encode(_canonical(secret)).encode()  # Secret[int], Secret[date]...
+    return _json_text(_canonical(secret)).encode()  # Secret[int], Secret[date]...

@@ -629,7 +629,7 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             return spec.settle(outcome.value, call)
         try:
             if keeper is not None:
-                keeper._begin()  # if the claim went out without it (a wait, replicas, a failure)
+                keeper._begin()  # once: asyncio, a wait, replicas or a failed early start begin here
                 keeper._armed = True
             result = spec.func(*args, **kwargs)
         except BaseException as exc:
@@ -711,7 +711,7 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
             return spec.settle(outcome.value, call)
         try:
             if keeper is not None:
-                keeper._begin()  # if the claim went out without it (a wait, replicas, a failure)
+                keeper._begin()  # once: asyncio, a wait, replicas or a failed early start begin here
                 keeper._armed = True
             result = await spec.func(*args, **kwargs)
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease

@@ -66,13 +66,13 @@ class KeepAlive(_Renewal):
         self._number = -1
 
     def __enter__(self) -> KeepAlive:
-        _renewer().add(self)
+        self._begin()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _renewer().discard(self)
+        self._end()
 
     def _begin(self) -> None:
         """Start renewing, once (``@idempotent`` calls it while its claim is on the wire)."""
@@ -84,13 +84,11 @@ class KeepAlive(_Renewal):
     _early = _begin
 
     def _end(self) -> None:
-        """Stop renewing; harmless when never begun or already ended."""
-        if self._stopped:
-            return
-        if self._number < 0:
+        """Stop renewing; harmless when never begun or already ended (a lost claim is)."""
+        if not self._stopped:
             self._stopped = True
-        else:
-            _renewer().discard(self)
+            if self._number >= 0:
+                _renewer().discard(self)
 
     def _renew(self) -> bool:
         """One renewal, on the renewer thread; whether to renew again."""
@@ -207,19 +205,15 @@ class AsyncKeepAlive(_Renewal):
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncKeepAlive:
-        self._loop = loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + self.interval, self._due)
+        self._begin()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stopped = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._end()
         task = self._task
         if task is not None and not task.done():
-            task.cancel()
             # gather() reports the renewal's own cancellation as a value, while a
             # cancellation of the task running this block still propagates.
             await asyncio.gather(task, return_exceptions=True)

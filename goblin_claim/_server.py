@@ -77,6 +77,8 @@ class ClientState:
         native: The native commands the server answers; ``None`` until probed.
         ready: The probe ran and the scripts were offered to SCRIPT LOAD.
         text: The client's encoding and whether it decodes replies; ``None`` until read.
+        wake: The command the scripts announce with (``publish``, ``spublish`` on
+            a cluster); ``None`` until read.
         direct: The pool the SDK's round trips use directly (see the module
             docstring); ``None`` sends them through ``execute_command``.
     """
@@ -84,6 +86,7 @@ class ClientState:
     native: frozenset[str] | None = None
     ready: bool = False
     text: tuple[str, bool] | None = None
+    wake: str | None = None
     direct: Any = None
     # One lock per world: threads of a sync client, tasks of an asyncio client.
     sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -152,11 +155,12 @@ def direct_pool(client: object) -> Any:
         return None
     if "execute_command" in vars(client):  # replaced on this client alone (a spy, a mock)
         return None
-    if getattr(client, "connection", None) is not None or getattr(client, "single_connection_client", False):
-        return None
-    if getattr(client, "_single_connection_client", False) or _observed():
-        return None
-    return client.connection_pool
+    single = (  # a sync client holds its one connection; an asyncio one makes it on first use
+        getattr(client, "connection", None) is not None
+        or getattr(client, "single_connection_client", False)
+        or getattr(client, "_single_connection_client", False)
+    )
+    return None if single or _observed() else client.connection_pool
 
 
 def _observed() -> bool:
@@ -255,6 +259,8 @@ async def send_direct_async(
 
         return await conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
     finally:
+        # No maintenance-notice reconnect here: redis-py's asyncio client makes one
+        # only for single-connection clients, which never come this way.
         await pool.release(conn)
 
 

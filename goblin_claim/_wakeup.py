@@ -25,6 +25,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from ._server import state_of
+
 __all__ = ["AsyncWakeups", "Wakeups", "async_wakeups", "wake_kind", "wakeups"]
 
 # How often the listener looks for new channels to (un)subscribe while it waits
@@ -36,18 +38,16 @@ _RECONNECT_DELAY = 0.5
 _LINGER = 1.0
 
 
-# By client class: isinstance against the cluster classes goes through typing's
-# protocol check, microseconds on every complete().
-_WAKE_KINDS: dict[type, str] = {}
-
-
 def wake_kind(client: object) -> str:
-    """How the scripts announce on ``client``'s server: sharded on a cluster."""
-    kind = _WAKE_KINDS.get(type(client))
+    """How the scripts announce on ``client``'s server: sharded on a cluster.
+
+    Read once per client: isinstance against the cluster classes goes through
+    typing's protocol check, microseconds on every ``complete()``.
+    """
+    state = state_of(client)
+    kind = state.wake
     if kind is None:
-        kind = "spublish" if isinstance(client, (RedisCluster, AsyncRedisCluster)) else "publish"
-        if len(_WAKE_KINDS) < 256:  # a handful of classes in any real program
-            _WAKE_KINDS[type(client)] = kind
+        kind = state.wake = "spublish" if isinstance(client, (RedisCluster, AsyncRedisCluster)) else "publish"
     return kind
 
 
