@@ -235,6 +235,7 @@ class _Link:
             if self.closed:
                 return
             self.closed = True
+        self.client_gone.set()  # a held reply stops waiting: nobody is left to hear it
         for sock in (self.client, self.server):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -407,11 +408,14 @@ class FaultProxy:
                 threading.Thread(target=link.replies, name=f"proxy :{self.port} replies", daemon=True),
             ]
             with self._lock:
-                if self._stopping.is_set():
-                    link.close()
-                    return
-                self._links.add(link)
-                self._threads = [t for t in self._threads if t.is_alive()] + pumps
+                stopping = self._stopping.is_set()
+                if not stopping:
+                    self._links.add(link)
+                    self._threads = [t for t in self._threads if t.is_alive()] + pumps
+            if stopping:
+                # Outside the lock: closing a link takes it (_forget), and stop() waits on it.
+                link.close()
+                return
             for pump in pumps:
                 pump.start()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -160,3 +161,31 @@ def test_stop_closes_every_connection_and_the_port(redis_standalone: RedisProces
     with pytest.raises(ConnectionRefusedError), socket.create_connection((HOST, proxy.port), timeout=1):
         pass
     client.close()
+
+
+def test_stop_racing_a_connection_being_accepted_returns(
+    redis_standalone: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() begins just as a connection is accepted: the proxy drops that connection and stop() returns."""
+    proxy = FaultProxy(redis_standalone.port).start()
+    upstream = (HOST, redis_standalone.port)
+    connect = socket.create_connection
+
+    def accepted_as_stop_begins(address: tuple[str, int], *args: object, **options: object) -> socket.socket:
+        made = connect(address, *args, **options)  # type: ignore[arg-type]
+        if tuple(address) == upstream:
+            proxy._stopping.set()
+        return made
+
+    monkeypatch.setattr(socket, "create_connection", accepted_as_stop_begins)
+    with connect((HOST, proxy.port), timeout=2) as client:
+        deadline = time.monotonic() + 5
+        while not proxy._stopping.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proxy._stopping.is_set(), "the proxy never accepted the connection"
+        stopper = threading.Thread(target=proxy.stop, daemon=True)
+        stopper.start()
+        stopper.join(15)
+        assert not stopper.is_alive(), "stop() hung on the connection accepted while stopping"
+        assert client.recv(1) == b""  # that connection was closed, not served
+    assert proxy.connections() == 0
