@@ -627,10 +627,15 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             outcome = claim.wait(timeout=spec.wait)
         if isinstance(outcome, Completed):
             return spec.settle(outcome.value, call)
-        try:
-            if keeper is not None:
+        if keeper is not None:
+            try:
                 keeper._begin()  # once: asyncio, a wait, replicas or a failed early start begin here
-                keeper._armed = True
+            except BaseException:
+                # The function has not run: nothing to store, and the claim goes back.
+                _release_quietly(claim)
+                raise
+            keeper._armed = True
+        try:
             result = spec.func(*args, **kwargs)
         except BaseException as exc:
             if keeper is not None:
@@ -709,10 +714,15 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
             outcome = await claim.wait(timeout=spec.wait)
         if isinstance(outcome, Completed):
             return spec.settle(outcome.value, call)
-        try:
-            if keeper is not None:
+        if keeper is not None:
+            try:
                 keeper._begin()  # once: asyncio, a wait, replicas or a failed early start begin here
-                keeper._armed = True
+            except BaseException:
+                # The function has not run: nothing to store, and the claim goes back.
+                await _release_quietly_async(claim)
+                raise
+            keeper._armed = True
+        try:
             result = await spec.func(*args, **kwargs)
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease
             if keeper is not None:

@@ -908,6 +908,72 @@ def test_duplicates_leave_nothing_with_the_renewer(backend: Backend) -> None:
     assert [k for k in list(_renewer()._live.values()) if k._claim.claim_key.startswith(f"{namespace}:")] == []
 
 
+class RenewerDown(RuntimeError):
+    """What a keep-alive that cannot start raises here (as a thread that cannot start would)."""
+
+
+def test_a_keep_alive_that_cannot_start_stores_nothing_and_gives_the_claim_back(
+    driver_kind: str, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keep-alive that fails to start after the claim stores nothing and releases the claim.
+
+    The function never ran, so even an error of a type in ``replay_errors`` is not
+    stored as its outcome; the next call runs the function, once.
+    """
+    from goblin_claim._keepalive import AsyncKeepAlive, _Renewer
+
+    def refuse(*_: object) -> None:
+        raise RenewerDown("cannot start renewing")
+
+    if driver_kind == "sync":
+        monkeypatch.setattr(_Renewer, "add", refuse)
+    else:
+        monkeypatch.setattr(AsyncKeepAlive, "_begin", refuse)
+    runs: list[str] = []
+    namespace = unique("keeper-down")
+    options: dict[str, Any] = {"key": "k", "namespace": namespace, "replay_errors": (RuntimeError,)}
+
+    def body(k: str) -> str:
+        runs.append(k)
+        return f"done {k}"
+
+    if driver_kind == "sync":
+        client = backend.sync()
+        work = idempotent(client, **options)(body)
+        with pytest.raises(RenewerDown):
+            work("a")
+        assert runs == []
+        assert client.exists(f"{namespace}:{{a}}:claim", f"{namespace}:{{a}}:result") == 0
+        monkeypatch.undo()
+        assert [work("a"), work("a")] == ["done a", "done a"]
+        assert runs == ["a"]
+        return
+
+    async def async_body(k: str) -> str:
+        return body(k)
+
+    async def scenario() -> None:
+        client = backend.async_()
+        async_work = idempotent(client, **options)(async_body)
+        results: list[Any] = []
+
+        async def attempt() -> None:
+            results.append(await async_work("a"))
+
+        with pytest.raises(RenewerDown):
+            await attempt()
+        assert runs == []
+        assert await client.exists(f"{namespace}:{{a}}:claim", f"{namespace}:{{a}}:result") == 0
+        monkeypatch.undo()
+        await attempt()
+        await attempt()
+        assert results == ["done a", "done a"]
+        assert runs == ["a"]
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 @pytest.fixture(params=["sync", "async"])
 def driver_kind(request: pytest.FixtureRequest) -> str:
     """The driver kind: "sync" or "async"."""
