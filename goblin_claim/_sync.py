@@ -176,7 +176,7 @@ class Claim(ClaimBase["SyncClient"]):
             nils = [i for i, reply in enumerate(replies) if reply is None]
             if nils:
                 # GOBLIN.CLAIM's nil: one read of each holder tells the outcomes apart.
-                peeks = [("EVAL", PEEK.source, 1, handles[i].claim_key) for i in nils]
+                peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
                 for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
                     replies[i] = holder
         except (RedisError, RedisClusterException) as exc:
@@ -354,8 +354,8 @@ class Claim(ClaimBase["SyncClient"]):
                 client.publish(self.claim_key, "free")
 
     def _peek(self) -> object:
-        """The claim key's current value (the holder's token), or ``None``."""
-        return self._call(PEEK, (self.claim_key,), self.claim_key)
+        """What claim.lua would answer without claiming: the stored value, else the holder."""
+        return self._call(PEEK, (self.claim_key, self.result_key), f"{self.claim_key} / {self.result_key}")
 
     # -- the round trips
 

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+import goblin_claim._async
+import goblin_claim._sync
 from goblin_claim import (
     AsyncClaim,
     Claim,
@@ -16,6 +18,7 @@ from goblin_claim import (
     ResultLostError,
     WrongTypeError,
 )
+from goblin_claim._core import PEEK
 from tests.conftest import Driver, SyncView, unique
 
 
@@ -58,6 +61,46 @@ def test_batch_gives_the_outcomes_of_one_by_one(driver: Driver) -> None:
     assert driver.raw.get(pairs[0][0].claim_key) == pairs[0][0].token.encode()
     pairs[0][0].complete(b"mine")
     assert driver.claim(free, namespace=namespace).acquire() == Completed(key=free, value=b"mine")
+
+
+@pytest.mark.parametrize("backend", ["fake-native", "native", "native-cluster"], indirect=True)
+def test_batch_sees_work_completed_between_the_native_nil_and_its_read(
+    driver: Driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GOBLIN.CLAIM answers nil for a key whose owner completes before the batch's reads: Completed, not lost."""
+    namespace = unique("ns")
+    busy, free = unique("busy"), unique("free")
+    owner = driver.claim(busy, namespace=namespace)
+    owner.acquire()
+    finisher = Claim(driver.raw, busy, namespace=namespace, token=owner.token)  # the owner, on a sync client
+    reads: list[int] = []
+
+    def finish_before_the_reads(commands: Any) -> None:
+        if any(PEEK.source in command for command in commands):
+            reads.append(len(commands))
+            finisher.complete(b"v")
+
+    if driver.run is None:
+        send = goblin_claim._sync._pipelined
+
+        def pipelined(client: Any, commands: Any, pipe: Any = None) -> list[object]:
+            finish_before_the_reads(commands)
+            return send(client, commands, pipe)
+
+        monkeypatch.setattr(goblin_claim._sync, "_pipelined", pipelined)
+    else:
+        send_async = goblin_claim._async._pipelined
+
+        async def async_pipelined(client: Any, commands: Any, pipe: Any = None) -> list[object]:
+            finish_before_the_reads(commands)
+            return await send_async(client, commands, pipe)
+
+        monkeypatch.setattr(goblin_claim._async, "_pipelined", async_pipelined)
+
+    outcomes = [outcome for _, outcome in acquire_many(driver, [free, busy], namespace=namespace)]
+    assert isinstance(outcomes[0], Claimed)
+    assert outcomes[1] == Completed(key=busy, value=b"v")
+    assert reads == [1]  # one read, of the key the native command answered nil for
 
 
 def test_batch_of_a_hundred_fresh_keys(driver: Driver) -> None:

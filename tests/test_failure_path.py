@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from goblin_claim import (
+    AsyncClaim,
     Claim,
     Claimed,
     ClaimLostError,
@@ -25,7 +27,7 @@ from goblin_claim import (
     StillInFlightError,
     idempotent,
 )
-from tests.conftest import ALL_BACKENDS, Deco, Driver, unique
+from tests.conftest import ALL_BACKENDS, Deco, Driver, SyncView, unique
 from tests.servers import RedisProcess, start_server
 
 # Also on redis-server with the reference module loaded (the SDK takes the native path).
@@ -159,6 +161,38 @@ def test_lost_result_is_an_error_not_in_flight(driver: Driver) -> None:
         duplicate.wait(timeout=5)
     assert time.monotonic() - started < 1
     assert driver.raw.exists(owner.claim_key) == 1  # nothing reopened by itself
+
+
+@pytest.mark.parametrize("backend", ["fake-native", "native", "native-cluster"], indirect=True)
+def test_work_completed_between_the_native_nil_and_its_read_is_completed_not_lost(driver: Driver) -> None:
+    """GOBLIN.CLAIM answers nil (in flight); the owner completes before the read that follows it.
+
+    That read sees the done marker and the result together: Completed, never ResultLostError.
+    """
+    key = unique()
+    owner = driver.claim(key)
+    owner.acquire()
+    finisher = Claim(driver.raw, key, token=owner.token)  # the owner, on a sync client
+    reads: list[str] = []
+
+    class FinishedFirst(Claim):
+        def _peek(self) -> object:
+            reads.append(key)
+            finisher.complete(b"v")
+            return super()._peek()
+
+    class AsyncFinishedFirst(AsyncClaim):
+        async def _peek(self) -> object:
+            reads.append(key)
+            finisher.complete(b"v")
+            return await super()._peek()
+
+    if driver.run is None:
+        duplicate: Any = FinishedFirst(driver.client, key)
+    else:
+        duplicate = SyncView(AsyncFinishedFirst(driver.client, key), driver.run)
+    assert duplicate.acquire() == Completed(key=key, value=b"v")
+    assert reads == [key]  # the native command answered nil, and the read followed
 
 
 def test_forget_reopens_a_lost_result(driver: Driver) -> None:

@@ -1,8 +1,16 @@
--- KEYS[1] claim_key: read only
+-- KEYS[1] claim_key, KEYS[2] result_key: read only
 -- ARGV none
--- returns {holder, pttl}: what claim_key holds (the holder's token, or the done
---   marker) and the milliseconds it has left; {} when free or not a string (as
---   GOBLIN.CLAIM, which only tests the claim's existence)
+-- returns what claim.lua answers when it does not claim: the stored value
+--   (WRONGTYPE if result_key is not a string), or, while there is none,
+--   {holder, pttl}: what claim_key holds (the holder's token, or the done marker
+--   of completed work whose result is gone) and the milliseconds it has left;
+--   {} when claim_key is free or not a string (as GOBLIN.CLAIM, which only tests
+--   the claim's existence). Read after GOBLIN.CLAIM's nil, it also sees work
+--   completed in between, as completed and not as a lost result.
+local result = redis.call("get", KEYS[2])
+if result then
+  return result
+end
 local holder = redis.pcall("get", KEYS[1])
 if type(holder) ~= "string" then
   return {}
