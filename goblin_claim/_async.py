@@ -176,7 +176,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                     replies[i] = reply
             nils = [i for i, reply in enumerate(replies) if reply is None]
             if nils:
-                # GOBLIN.CLAIM's nil: one read of each holder tells the outcomes apart.
+                # GOBLIN.CLAIM's nil: one read of each holder and result tells the outcomes apart.
                 peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
                 for i, holder in zip(nils, await _pipelined(client, peeks), strict=True):
                     replies[i] = holder
@@ -216,7 +216,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         reply = await self._call(script, args, self.result_key, meanwhile=meanwhile)
         if reply is None:
             # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
-            # claim (or a lost result); one read of the holder tells them apart.
+            # claim (or a lost result); one read of holder and result, together, tells them apart.
             reply = await self._peek()
         outcome, self._holder = self._claim_outcome(reply)
         return outcome

@@ -570,8 +570,8 @@ class ClaimBase(Generic[ClientT]):
         """The outcome of a claim reply, and what claim_key holds when that is known.
 
         ``reply`` is GOBLIN.CLAIM's or claim.lua's: ``CLAIMED``, the stored value,
-        or (in flight) a list holding claim_key's value; the driver turns the native
-        command's nil into that list with one read.
+        or (in flight) a list holding claim_key's value; the driver answers the native
+        command's nil with one read (``peek.lua``) that replies as claim.lua would.
 
         Raises:
             ResultLostError: claim_key says done, but the result is gone.

@@ -175,7 +175,7 @@ class Claim(ClaimBase["SyncClient"]):
                     replies[i] = reply
             nils = [i for i, reply in enumerate(replies) if reply is None]
             if nils:
-                # GOBLIN.CLAIM's nil: one read of each holder tells the outcomes apart.
+                # GOBLIN.CLAIM's nil: one read of each holder and result tells the outcomes apart.
                 peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
                 for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
                     replies[i] = holder
@@ -215,7 +215,7 @@ class Claim(ClaimBase["SyncClient"]):
         reply = self._call(script, args, self.result_key, meanwhile=meanwhile)
         if reply is None:
             # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
-            # claim (or a lost result); one read of the holder tells them apart.
+            # claim (or a lost result); one read of holder and result, together, tells them apart.
             reply = self._peek()
         outcome, self._holder = self._claim_outcome(reply)
         return outcome
