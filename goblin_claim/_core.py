@@ -548,6 +548,11 @@ class ClaimBase(Generic[ClientT]):
 
     # -- what to send, and what the replies mean
 
+    @property
+    def _both_keys(self) -> str:
+        """Both keys, as errors about a command on both name them."""
+        return f"{self.claim_key} / {self.result_key}"
+
     def _claim_call(self) -> tuple[Script, tuple[str | int, ...]]:
         if self._fence_key is None:
             return CLAIM, (self.claim_key, self.result_key, self.token, self.lease)

@@ -609,11 +609,9 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     call = spec.prepare(args, kwargs)
     claim = spec.handle(Claim, call)
     # The sync keep-alive registers while the claim is on the wire (bookkeeping
-    # that costs no time there); it counts a lost renewal only once the claim is ours.
+    # that costs no time there); it counts a lost renewal once _begin() arms it.
     keeper = claim.keep_alive() if spec.keep_alive else None
     try:
-        if keeper is not None:
-            keeper._armed = False
         try:
             outcome = claim._acquire(None if keeper is None else keeper._early)
         except NotReplicatedError:
@@ -629,12 +627,13 @@ def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             return spec.settle(outcome.value, call)
         if keeper is not None:
             try:
-                keeper._begin()  # once: asyncio, a wait, replicas or a failed early start begin here
+                # A lost renewal counts from here (with asyncio, replicas or a failed
+                # early start, this is also where renewing begins).
+                keeper._begin()
             except BaseException:
                 # The function has not run: nothing to store, and the claim goes back.
                 _release_quietly(claim)
                 raise
-            keeper._armed = True
         try:
             result = spec.func(*args, **kwargs)
         except BaseException as exc:
@@ -696,11 +695,9 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
     call = spec.prepare(args, kwargs)
     claim = spec.handle(AsyncClaim, call)
     # The sync keep-alive registers while the claim is on the wire (bookkeeping
-    # that costs no time there); it counts a lost renewal only once the claim is ours.
+    # that costs no time there); it counts a lost renewal once _begin() arms it.
     keeper = claim.keep_alive() if spec.keep_alive else None
     try:
-        if keeper is not None:
-            keeper._armed = False
         try:
             outcome = await claim._acquire(None if keeper is None else keeper._early)
         except NotReplicatedError:
@@ -716,12 +713,13 @@ async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
             return spec.settle(outcome.value, call)
         if keeper is not None:
             try:
-                keeper._begin()  # once: asyncio, a wait, replicas or a failed early start begin here
+                # A lost renewal counts from here (with asyncio, replicas or a failed
+                # early start, this is also where renewing begins).
+                keeper._begin()
             except BaseException:
                 # The function has not run: nothing to store, and the claim goes back.
                 await _release_quietly_async(claim)
                 raise
-            keeper._armed = True
         try:
             result = await spec.func(*args, **kwargs)
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease

@@ -11,9 +11,9 @@ extended. A renewal that finds the claim no longer held stops and sets ``lost``;
 a transient failure (a dropped connection) is retried at the next tick rather
 than raised into the void.
 
-``@idempotent`` begins its keep-alive while the claim is still on the wire, so
-the registration costs no time of its own; until the claim is known to be held
-(armed), a renewal that finds another holder is no loss, only too early.
+Sync ``@idempotent`` begins its keep-alive while the claim is still on the
+wire, so the registration costs no time of its own; until the claim is known to
+be held (armed), a renewal that finds another holder is no loss, only too early.
 """
 
 from __future__ import annotations
@@ -52,9 +52,6 @@ class _Renewal:
         self.lost = False
         self.renewals = 0
         self._stopped = False
-        # False while the claim may not be held yet: @idempotent starts renewing
-        # while its claim is on the wire, and a lost renewal then means nothing.
-        self._armed = True
 
 
 class KeepAlive(_Renewal):
@@ -64,6 +61,9 @@ class KeepAlive(_Renewal):
         super().__init__(claim, interval)
         self._claim = claim
         self._number = -1
+        # False while the claim may not be held yet (``_early``): a renewal that
+        # finds another holder then means nothing.
+        self._armed = True
 
     def __enter__(self) -> KeepAlive:
         self._begin()
@@ -74,14 +74,18 @@ class KeepAlive(_Renewal):
     ) -> None:
         self._end()
 
-    def _begin(self) -> None:
-        """Start renewing, once (``@idempotent`` calls it while its claim is on the wire)."""
+    def _begin(self, armed: bool = True) -> None:
+        """Start renewing (once), counting a renewal that finds another holder as lost."""
+        self._armed = armed
         if self._number < 0:
             _renewer().add(self)
 
-    # What @idempotent runs while its claim is on the wire: registering there
-    # costs the caller no time of its own.
-    _early = _begin
+    def _early(self) -> None:
+        """Start renewing while the claim is on the wire, unarmed until ``_begin``.
+
+        What @idempotent runs there: registering then costs the caller no time of its own.
+        """
+        self._begin(armed=False)
 
     def _end(self) -> None:
         """Stop renewing; harmless when never begun or already ended (a lost claim is)."""
@@ -219,7 +223,8 @@ class AsyncKeepAlive(_Renewal):
             await asyncio.gather(task, return_exceptions=True)
 
     # Nothing while the claim is on the wire: the event loop runs other tasks then,
-    # so registering early would hide nothing; it begins once the claim is held.
+    # so registering early would hide nothing; it begins once the claim is held,
+    # and so never needs to be unarmed.
     _early = None
 
     def _begin(self) -> None:
@@ -244,17 +249,11 @@ class AsyncKeepAlive(_Renewal):
         try:
             await self._claim.extend()
         except ClaimLostError:
-            if not self._armed:
-                self._schedule()  # not this handle's claim yet: the next tick looks again
-                return
             self.lost = True
             return
         except GoblinClaimError:
             pass  # transient: the next tick tries again while the lease lasts
         else:
             self.renewals += 1
-        self._schedule()
-
-    def _schedule(self) -> None:
         if not self._stopped and self._loop is not None:
             self._timer = self._loop.call_at(self._loop.time() + self.interval, self._due)

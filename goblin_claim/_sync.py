@@ -241,11 +241,10 @@ class Claim(ClaimBase["SyncClient"]):
     def _complete(self, value: bytes | str, meanwhile: Meanwhile) -> None:
         """``complete()``, running ``meanwhile`` (at most once) while the write is on the wire."""
         args = (*self._complete_args(value, *reply_encoding(self._client)), wake_kind(self._client))
-        keys = f"{self.claim_key} / {self.result_key}"
         if self._replicas:
-            self._completed(*self._call_and_wait(COMPLETE, args, keys))
+            self._completed(*self._call_and_wait(COMPLETE, args, self._both_keys))
         else:
-            self._completed(self._call(COMPLETE, args, keys, meanwhile=meanwhile))
+            self._completed(self._call(COMPLETE, args, self._both_keys, meanwhile=meanwhile))
 
     def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
@@ -280,8 +279,8 @@ class Claim(ClaimBase["SyncClient"]):
         Returns:
             ``True`` when there was a claim or a result to delete.
         """
-        keys = f"{self.claim_key} / {self.result_key}"
-        return bool(self._call(FORGET, (self.claim_key, self.result_key, wake_kind(self._client)), keys))
+        args = (self.claim_key, self.result_key, wake_kind(self._client))
+        return bool(self._call(FORGET, args, self._both_keys))
 
     def wait(self, timeout: float = 10.0) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
@@ -355,7 +354,7 @@ class Claim(ClaimBase["SyncClient"]):
 
     def _peek(self) -> object:
         """What claim.lua would answer without claiming: the stored value, else the holder."""
-        return self._call(PEEK, (self.claim_key, self.result_key), f"{self.claim_key} / {self.result_key}")
+        return self._call(PEEK, (self.claim_key, self.result_key), self._both_keys)
 
     # -- the round trips
 

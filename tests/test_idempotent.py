@@ -841,51 +841,30 @@ def test_async_keep_alives_start_no_task_until_a_renewal_is_due(backend: Backend
     asyncio.run(scenario())
 
 
-def test_a_keep_alive_started_before_its_claim_is_held_counts_no_loss_until_armed(
-    driver_kind: str, backend: Backend
-) -> None:
+def test_a_keep_alive_started_before_its_claim_is_held_counts_no_loss_until_armed(backend: Backend) -> None:
     """Renewals begun before the claim is known to be held find another holder and lose nothing.
 
-    @idempotent starts renewing while its claim is on the wire; a renewal that finds
-    another holder then writes nothing and counts no loss, until the claim is armed.
+    Sync @idempotent starts renewing while its claim is on the wire (``_early``); a
+    renewal that finds another holder then writes nothing and counts no loss, until
+    ``_begin`` arms it. (The asyncio keep-alive begins only once the claim is held.)
     """
-    from goblin_claim import AsyncClaim, Claim
+    from goblin_claim import Claim
+    from goblin_claim._keepalive import _renewer
 
-    if driver_kind == "sync":
-        client = backend.sync()
-        claim = Claim(client, unique(), lease=3)
-        client.set(claim.claim_key, "other-owner", ex=30)
-        keeper = claim.keep_alive(interval=0.1)
-        keeper._armed = False
-        keeper._begin()
-        keeper._begin()  # once only
-        time.sleep(0.45)
-        assert not keeper.lost
-        assert client.get(claim.claim_key) == b"other-owner"  # owner-checked: nothing written
-        keeper._armed = True
-        time.sleep(0.6)
-        keeper._end()
-        assert keeper.lost
-        return
-
-    async def scenario() -> None:
-        client = backend.async_()
-        claim = AsyncClaim(client, unique(), lease=3)
-        await client.set(claim.claim_key, "other-owner", ex=30)
-        keeper = claim.keep_alive(interval=0.1)
-        keeper._armed = False
-        keeper._begin()
-        keeper._begin()
-        await asyncio.sleep(0.45)
-        assert not keeper.lost
-        assert await client.get(claim.claim_key) == b"other-owner"
-        keeper._armed = True
-        await asyncio.sleep(0.6)
-        keeper._end()
-        assert keeper.lost
-        await client.aclose()
-
-    asyncio.run(scenario())
+    client = backend.sync()
+    claim = Claim(client, unique(), lease=3)
+    client.set(claim.claim_key, "other-owner", ex=30)
+    keeper = claim.keep_alive(interval=0.1)
+    keeper._early()
+    keeper._early()  # once only
+    time.sleep(0.45)
+    assert not keeper.lost
+    assert client.get(claim.claim_key) == b"other-owner"  # owner-checked: nothing written
+    keeper._begin()  # armed; already renewing, so not registered a second time
+    assert list(_renewer()._live.values()).count(keeper) == 1
+    time.sleep(0.6)
+    keeper._end()
+    assert keeper.lost
 
 
 def test_duplicates_leave_nothing_with_the_renewer(backend: Backend) -> None:
