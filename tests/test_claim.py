@@ -261,7 +261,7 @@ def test_bad_lease_or_ttl_refused_before_io(driver: Driver, field: str, value: A
     with pytest.raises((ValueError, TypeError)) as info:
         driver.claim(unique(), **{field: value})
     assert field in str(info.value)
-    assert keyspace(driver) == before
+    assert set(keyspace(driver)) <= set(before)  # nothing new (other tests' keys may expire meanwhile)
 
 
 @pytest.mark.parametrize(
@@ -277,7 +277,7 @@ def test_bad_arguments_refused_before_io(driver: Driver, kwargs: dict[str, Any],
     arguments: dict[str, Any] = {"key": unique(), **kwargs}
     with pytest.raises(error):
         driver.claim(arguments.pop("key"), **arguments)
-    assert keyspace(driver) == before
+    assert set(keyspace(driver)) <= set(before)  # nothing new (other tests' keys may expire meanwhile)
 
 
 @pytest.mark.parametrize(("claim_key", "result_key"), [("", "r"), ("c", ""), ("same", "same"), (b"c", "r")])
