@@ -1,18 +1,12 @@
 """``@idempotent``: run a function once per key; duplicates get the first result.
 
 ``_Spec`` holds every decision (keys, fingerprints, encoding, what a stored value
-means); ``_call_sync`` and ``_call_async`` are the two mirrored I/O flows::
-
-    acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► complete
-       │                                                 └─ raised: release (or store a replayable error)
-       ├─Completed──► decode: value, stored error, or PayloadMismatchError
-       └─InFlight───► compare fingerprints (one GET) ─► wait ─► Completed / Claimed (lease lapsed)
+means); the I/O flow is written once, in ``_idempotent_sync.py``, and its asyncio
+twin ``_idempotent_async.py`` is generated from it (``tools/gen_async.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import hashlib
 import inspect
@@ -26,6 +20,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast, overload
 
+from . import _idempotent_async, _idempotent_sync
 from ._async import AsyncClaim
 from ._core import (
     DONE_PREFIX,
@@ -53,16 +48,12 @@ from ._envelope import (
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
-    GoblinClaimError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    NotReplicatedError,
     PayloadMismatchError,
     ResultNotSerializableError,
     StillInFlightError,
 )
-from ._keepalive import AsyncKeepAlive, KeepAlive
-from ._outcomes import Completed, InFlight
 from ._sync import Claim
 
 __all__ = ["idempotent"]
@@ -190,7 +181,7 @@ def idempotent(
         if spec.is_async:
 
             async def run_async(*args: Any, **kwargs: Any) -> Any:
-                return await _call_async(spec, args, kwargs)
+                return await _idempotent_async.call(spec, args, kwargs)
 
             async def forget_async(*args: Any, **kwargs: Any) -> bool:
                 return await AsyncClaim(spec.client, spec.key_of(args, kwargs), namespace=spec.namespace).forget()
@@ -200,7 +191,7 @@ def idempotent(
             return wrapped
 
         def run_sync(*args: Any, **kwargs: Any) -> Any:
-            return _call_sync(spec, args, kwargs)
+            return _idempotent_sync.call(spec, args, kwargs)
 
         def forget_sync(*args: Any, **kwargs: Any) -> bool:
             return Claim(spec.client, spec.key_of(args, kwargs), namespace=spec.namespace).forget()
@@ -600,177 +591,3 @@ def _return_type(func: Callable[..., Any], name: str) -> Any:
             "decorate a def whose return type is defined at module level"
         ) from exc
     return hints.get("return", Any)
-
-
-# --------------------------------------------------------------------------- the two flows
-
-
-def _call_sync(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = spec.prepare(args, kwargs)
-    claim = spec.handle(Claim, call)
-    # The sync keep-alive registers while the claim is on the wire (bookkeeping
-    # that costs no time there); it counts a lost renewal once _begin() arms it.
-    keeper = claim.keep_alive() if spec.keep_alive else None
-    try:
-        try:
-            outcome = claim._acquire(None if keeper is None else keeper._early)
-        except NotReplicatedError:
-            # Claimed on the primary only: give it back rather than run undurably.
-            _release_quietly(claim)
-            raise
-        if isinstance(outcome, InFlight):
-            spec.check_holder(claim._holder, call)
-            if spec.wait == 0:
-                raise spec.in_flight(call)
-            outcome = claim.wait(timeout=spec.wait)
-        if isinstance(outcome, Completed):
-            return spec.settle(outcome.value, call)
-        if keeper is not None:
-            try:
-                # A lost renewal counts from here (with asyncio, replicas or a failed
-                # early start, this is also where renewing begins).
-                keeper._begin()
-            except BaseException:
-                # The function has not run: nothing to store, and the claim goes back.
-                _release_quietly(claim)
-                raise
-        try:
-            result = spec.func(*args, **kwargs)
-        except BaseException as exc:
-            if keeper is not None:
-                keeper._end()
-            if isinstance(exc, spec.replay_errors):
-                with contextlib.suppress(ClaimLostError):
-                    claim.complete(spec.codec.encode_error(exc, call.fp))
-            else:
-                _release_quietly(claim)
-            raise
-        try:
-            payload = spec.codec.encode_result(result, call.fp, call.key)
-        except ResultNotSerializableError as exc:
-            # The function ran: fail closed. Duplicates are told, nothing runs again.
-            _store(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result, keeper)
-            exc.result = result
-            raise
-        _store(spec, claim, call, payload, result, keeper)
-        return result
-    finally:
-        if keeper is not None:
-            keeper._end()
-
-
-def _store(
-    spec: _Spec, claim: Claim, call: _Call, payload: bytes, result: Any, keeper: KeepAlive | None
-) -> None:  # fmt: skip
-    # The function has run: a dropped connection must not drop its result. The
-    # write is owner-checked and safe to send twice, so it is retried while the
-    # lease lasts (and after, it still lands if nobody claimed the key since).
-    # The keep-alive stops while the first write is on the wire.
-    schedule = None
-    while True:
-        try:
-            claim._complete(payload, None if keeper is None else keeper._end)
-            return
-        except ClaimLostError as exc:
-            raise spec.lost(call, result, exc) from exc
-        except NotReplicatedError as exc:
-            exc.result = result  # stored on the primary, and replayed from there
-            raise
-        except ConnectionFailedError as exc:
-            schedule = schedule or spec.store_schedule(call)  # made on the first failure only
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise spec.unstored(call, result, exc) from exc
-            time.sleep(delay)
-
-
-def _release_quietly(claim: Claim) -> None:
-    # The original error matters more; if Redis is unreachable the claim frees
-    # itself when its lease lapses.
-    with contextlib.suppress(GoblinClaimError):
-        claim.release()
-
-
-async def _call_async(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = spec.prepare(args, kwargs)
-    claim = spec.handle(AsyncClaim, call)
-    # The sync keep-alive registers while the claim is on the wire (bookkeeping
-    # that costs no time there); it counts a lost renewal once _begin() arms it.
-    keeper = claim.keep_alive() if spec.keep_alive else None
-    try:
-        try:
-            outcome = await claim._acquire(None if keeper is None else keeper._early)
-        except NotReplicatedError:
-            # Claimed on the primary only: give it back rather than run undurably.
-            await _release_quietly_async(claim)
-            raise
-        if isinstance(outcome, InFlight):
-            spec.check_holder(claim._holder, call)
-            if spec.wait == 0:
-                raise spec.in_flight(call)
-            outcome = await claim.wait(timeout=spec.wait)
-        if isinstance(outcome, Completed):
-            return spec.settle(outcome.value, call)
-        if keeper is not None:
-            try:
-                # A lost renewal counts from here (with asyncio, replicas or a failed
-                # early start, this is also where renewing begins).
-                keeper._begin()
-            except BaseException:
-                # The function has not run: nothing to store, and the claim goes back.
-                await _release_quietly_async(claim)
-                raise
-        try:
-            result = await spec.func(*args, **kwargs)
-        except BaseException as exc:  # cancellation included: a retry must not wait for the lease
-            if keeper is not None:
-                keeper._end()
-            if isinstance(exc, spec.replay_errors):
-                with contextlib.suppress(ClaimLostError):
-                    await claim.complete(spec.codec.encode_error(exc, call.fp))
-            else:
-                await _release_quietly_async(claim)
-            raise
-        try:
-            payload = spec.codec.encode_result(result, call.fp, call.key)
-        except ResultNotSerializableError as exc:
-            # The function ran: fail closed. Duplicates are told, nothing runs again.
-            await _store_async(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result, keeper)
-            exc.result = result
-            raise
-        await _store_async(spec, claim, call, payload, result, keeper)
-        return result
-    finally:
-        if keeper is not None:
-            keeper._end()
-
-
-async def _store_async(
-    spec: _Spec, claim: AsyncClaim, call: _Call, payload: bytes, result: Any, keeper: AsyncKeepAlive | None
-) -> None:  # fmt: skip
-    # The function has run: a dropped connection must not drop its result. The
-    # write is owner-checked and safe to send twice, so it is retried while the
-    # lease lasts (and after, it still lands if nobody claimed the key since).
-    # The keep-alive stops while the first write is on the wire.
-    schedule = None
-    while True:
-        try:
-            await claim._complete(payload, None if keeper is None else keeper._end)
-            return
-        except ClaimLostError as exc:
-            raise spec.lost(call, result, exc) from exc
-        except NotReplicatedError as exc:
-            exc.result = result  # stored on the primary, and replayed from there
-            raise
-        except ConnectionFailedError as exc:
-            schedule = schedule or spec.store_schedule(call)  # made on the first failure only
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise spec.unstored(call, result, exc) from exc
-            await asyncio.sleep(delay)
-
-
-async def _release_quietly_async(claim: AsyncClaim) -> None:
-    # Shielded: a cancelled caller still gives its claim back.
-    with contextlib.suppress(GoblinClaimError):
-        await asyncio.shield(claim.release())

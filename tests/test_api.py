@@ -81,7 +81,7 @@ def test_sync_and_async_handles_mirror_each_other() -> None:
 
 
 def test_async_driver_is_generated_from_the_sync_one() -> None:
-    """goblin_claim/_async.py is exactly what tools/gen_async.py derives from _sync.py."""
+    """The asyncio twins (_async.py, _idempotent_async.py) are exactly what tools/gen_async.py derives."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "gen_async.py"), "--check"], capture_output=True, text=True
     )
@@ -149,21 +149,6 @@ def test_error_tree_is_drawn_in_the_docstring() -> None:
     for name in goblin_claim.__all__:
         if name.endswith("Error"):
             assert name in doc, name
-
-
-def test_decorator_flows_mirror_each_other() -> None:
-    """The sync and async @idempotent flows are the same code but for the async spellings."""
-    source = (ROOT / "goblin_claim" / "_idempotent.py").read_text("utf-8")
-    sync = source[source.index("def _call_sync") : source.index("def _release_quietly(")]
-    asyn = source[source.index("async def _call_async") : source.index("async def _release_quietly_async")]
-    for old, new in [
-        ("async def _call_async", "def _call_sync"), ("await ", ""), ("async with", "with"),
-        ("AsyncClaim(", "Claim("), ("AsyncClaim,", "Claim,"), ("_release_quietly_async", "_release_quietly"),
-        ("_store_async", "_store"), ("async def _store", "def _store"), ("asyncio.sleep", "time.sleep"),
-        ("  # cancellation included: a retry must not wait for the lease", ""), ("AsyncKeepAlive", "KeepAlive"),
-    ]:  # fmt: skip
-        asyn = asyn.replace(old, new)
-    assert asyn == sync
 
 
 def test_every_test_the_readme_names_exists() -> None:

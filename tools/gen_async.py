@@ -1,9 +1,11 @@
-"""Generate ``goblin_claim/_async.py`` from ``goblin_claim/_sync.py``.
+"""Generate the asyncio twins of the sync modules: ``_async.py`` and ``_idempotent_async.py``.
 
-The two drivers mirror each other name for name; writing the async one by hand
-invites drift, so it is derived from the sync one by the exact replacements
-below. Run ``python tools/gen_async.py`` after editing ``_sync.py``;
-``--check`` fails when the committed file is stale (the test suite runs it).
+The ``Claim`` driver (``_sync.py``) and the ``@idempotent`` flow
+(``_idempotent_sync.py``) each have an asyncio mirror, name for name; writing
+those by hand invites drift, so each is derived from its sync source by the
+exact replacements below. Run ``python tools/gen_async.py`` after editing a
+source; ``--check`` fails when a committed twin is stale (``make typecheck``
+runs it).
 """
 
 from __future__ import annotations
@@ -12,12 +14,9 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "goblin_claim"
-SOURCE = PACKAGE / "_sync.py"
-TARGET = PACKAGE / "_async.py"
-HEADER = "# Generated from _sync.py by tools/gen_async.py: edit _sync.py, then run that script.\n"
 
 # (sync text, async text): each must occur in _sync.py, or the script fails.
-REPLACEMENTS: list[tuple[str, str]] = [
+DRIVER: list[tuple[str, str]] = [
     (
         '"""``Claim``: the claim protocol over a sync redis-py client.\n\nThe mirror of ``_async.py``',
         '"""``AsyncClaim``: the claim protocol over an asyncio redis-py client.\n\nThe mirror of ``_sync.py``',
@@ -135,26 +134,87 @@ REPLACEMENTS: list[tuple[str, str]] = [
 ]
 
 
-def generate() -> str:
-    """The text ``_async.py`` must have."""
-    text = SOURCE.read_text("utf-8")
-    for old, new in REPLACEMENTS:
+# (sync text, async text) for the decorator's flow: each must occur in _idempotent_sync.py.
+FLOW: list[tuple[str, str]] = [
+    (
+        '"""The I/O flow of ``@idempotent`` on a ``def``, over ``Claim``.\n\n'
+        "The source of ``_idempotent_async.py`` (``tools/gen_async.py`` makes it).\n",
+        '"""The I/O flow of ``@idempotent`` on an ``async def``, over ``AsyncClaim``.\n\n'
+        "The mirror of ``_idempotent_sync.py``, which it is generated from.\n",
+    ),
+    ("import contextlib\n", "import asyncio\nimport contextlib\n"),
+    ("from collections.abc import Callable\n", "from collections.abc import Awaitable, Callable\n"),
+    ("from ._sync import Claim\n", "from ._async import AsyncClaim\n"),
+    ("KeepAlive", "AsyncKeepAlive"),
+    ("claim: Claim", "claim: AsyncClaim"),
+    ("spec.handle(Claim, call)", "spec.handle(AsyncClaim, call)"),
+    ("def call(", "async def call("),
+    ("def _finish(", "async def _finish("),
+    ("def store(", "async def store("),
+    ("def _release_quietly(", "async def _release_quietly("),
+    ("outcome = claim._acquire(", "outcome = await claim._acquire("),
+    ("outcome = claim.wait(", "outcome = await claim.wait("),
+    ("_release_quietly(claim)\n", "await _release_quietly(claim)\n"),
+    ("result = spec.func(*args, **kwargs)", "result = await spec.func(*args, **kwargs)"),
+    ("    _uninterrupted(lambda: claim.complete(", "    await _uninterrupted(lambda: claim.complete("),
+    ("return _uninterrupted(lambda: _finish(", "return await _uninterrupted(lambda: _finish("),
+    ("        store(spec, claim, call,", "        await store(spec, claim, call,"),
+    ("    store(spec, claim, call, payload", "    await store(spec, claim, call, payload"),
+    ("claim._complete(payload,", "await claim._complete(payload,"),
+    ("time.sleep(delay)", "await asyncio.sleep(delay)"),
+    ("_uninterrupted(claim.release)", "await _uninterrupted(claim.release)"),
+    (
+        "def _uninterrupted(work: Callable[[], T]) -> T:\n"
+        '    """Run ``work`` to its end; in the asyncio flow, through cancellations, raised once it ends."""\n'
+        "    return work()\n",
+        "async def _uninterrupted(work: Callable[[], Awaitable[T]]) -> T:\n"
+        '    """Run ``work`` to its end; in the asyncio flow, through cancellations, raised once it ends."""\n'
+        "    task = asyncio.ensure_future(work())\n"
+        "    cancelled = False\n"
+        "    while not task.done():\n"
+        "        try:\n"
+        "            # wait() leaves the task running when this caller is cancelled.\n"
+        "            await asyncio.wait((task,))\n"
+        "        except asyncio.CancelledError:\n"
+        "            cancelled = True  # a timeout or a client gone: the work ends first\n"
+        "    if cancelled:\n"
+        "        if not task.cancelled():\n"
+        "            task.exception()  # retrieved: the cancellation is what the caller gets\n"
+        "        raise asyncio.CancelledError\n"
+        "    return task.result()\n",
+    ),
+]
+
+# (source, target, replacements)
+JOBS = [
+    ("_sync.py", "_async.py", DRIVER),
+    ("_idempotent_sync.py", "_idempotent_async.py", FLOW),
+]
+
+
+def generate(source: str, replacements: list[tuple[str, str]]) -> str:
+    """The text the twin of ``source`` must have."""
+    text = (PACKAGE / source).read_text("utf-8")
+    for old, new in replacements:
         if old not in text:
-            raise SystemExit(f"gen_async: {old!r} no longer occurs in {SOURCE.name}; update REPLACEMENTS")
+            raise SystemExit(f"gen_async: {old!r} no longer occurs in {source}; update its replacements")
         text = text.replace(old, new)
-    return HEADER + text
+    return f"# Generated from {source} by tools/gen_async.py: edit {source}, then run that script.\n" + text
 
 
 def main(argv: list[str]) -> int:
-    """Write ``_async.py``, or with ``--check`` report whether it is current."""
-    text = generate()
-    if "--check" in argv:
-        if TARGET.read_text("utf-8") != text:
-            print(f"{TARGET.name} is stale: run python tools/gen_async.py", file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(text, "utf-8")
-    return 0
+    """Write the asyncio twins, or with ``--check`` report whether they are current."""
+    stale = 0
+    for source, target, replacements in JOBS:
+        text = generate(source, replacements)
+        path = PACKAGE / target
+        if "--check" in argv:
+            if path.read_text("utf-8") != text:
+                print(f"{target} is stale: run python tools/gen_async.py", file=sys.stderr)
+                stale = 1
+        else:
+            path.write_text(text, "utf-8")
+    return stale
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""The I/O flow of ``@idempotent`` on a ``def``, over ``Claim``.
+
+The source of ``_idempotent_async.py`` (``tools/gen_async.py`` makes it).
+Every decision lives in ``_idempotent._Spec``::
+
+    acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
+       │                                                 └─ raised: release (or store a replayable error)
+       ├─Completed──► decode: value, stored error, or PayloadMismatchError
+       └─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
+
+Interrupted anywhere (an asyncio cancellation, a ``KeyboardInterrupt``), the flow
+leaves no key claimed by nobody: a claim that may have been taken is given back,
+and once the function has returned its result is stored before the interruption
+goes on (``_uninterrupted``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._errors import (
+    ClaimLostError,
+    ConnectionFailedError,
+    GoblinClaimError,
+    NotReplicatedError,
+    ResultNotSerializableError,
+)
+from ._outcomes import Completed, InFlight
+from ._sync import Claim
+
+if TYPE_CHECKING:
+    from ._idempotent import _Call, _Spec
+    from ._keepalive import KeepAlive
+
+__all__ = ["call"]
+
+T = TypeVar("T")
+
+
+def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One call of the decorated function: run it once per key, or replay the first result."""
+    call = spec.prepare(args, kwargs)
+    claim = spec.handle(Claim, call)
+    keeper = claim.keep_alive() if spec.keep_alive else None
+    try:
+        try:
+            outcome = claim._acquire(None if keeper is None else keeper._early)
+            if isinstance(outcome, InFlight):
+                spec.check_holder(claim._holder, call)
+                if spec.wait == 0:
+                    raise spec.in_flight(call)
+                outcome = claim.wait(timeout=spec.wait)
+        except NotReplicatedError:
+            # Claimed on the primary only: give it back rather than run undurably.
+            _release_quietly(claim)
+            raise
+        except Exception:
+            raise  # the server's answer or a check: nothing of this handle's is held
+        except BaseException:
+            # Interrupted while a claim (or a wait's takeover) was on the wire: this
+            # handle may hold the claim without knowing it. Give it back.
+            _release_quietly(claim)
+            raise
+        if isinstance(outcome, Completed):
+            return spec.settle(outcome.value, call)
+        if keeper is not None:
+            try:
+                # A lost renewal counts from here (with asyncio or replicas, this is
+                # also where renewing begins).
+                keeper._begin()
+            except BaseException:
+                # The function has not run: nothing to store, and the claim goes back.
+                _release_quietly(claim)
+                raise
+        try:
+            result = spec.func(*args, **kwargs)
+        except BaseException as exc:  # cancellation included: a retry must not wait for the lease
+            if keeper is not None:
+                keeper._end()
+            if isinstance(exc, spec.replay_errors):
+                envelope = spec.codec.encode_error(exc, call.fp)
+                with contextlib.suppress(ClaimLostError):
+                    _uninterrupted(lambda: claim.complete(envelope))
+            else:
+                _release_quietly(claim)
+            raise
+        # The function has returned: from here an interruption waits for the store.
+        return _uninterrupted(lambda: _finish(spec, claim, call, result, keeper))
+    finally:
+        if keeper is not None:
+            keeper._end()
+
+
+def _finish(spec: _Spec, claim: Claim, call: _Call, result: Any, keeper: KeepAlive | None) -> Any:
+    """Store what the function returned (or, unstorable, fail closed) and return it."""
+    try:
+        payload = spec.codec.encode_result(result, call.fp, call.key)
+    except ResultNotSerializableError as exc:
+        # The function ran: fail closed. Duplicates are told, nothing runs again.
+        store(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result, keeper)
+        exc.result = result
+        raise
+    store(spec, claim, call, payload, result, keeper)
+    return result
+
+
+def store(
+    spec: _Spec, claim: Claim, call: _Call, payload: bytes, result: Any, keeper: KeepAlive | None
+) -> None:  # fmt: skip
+    """Write the outcome of a function that has run, retrying a dropped connection while the lease lasts."""
+    # A dropped connection must not drop the result. The write is owner-checked and
+    # safe to send twice, so it is retried while the lease lasts. The keep-alive
+    # stops while the first write is on the wire.
+    schedule = None
+    while True:
+        try:
+            claim._complete(payload, None if keeper is None else keeper._end)
+            return
+        except ClaimLostError as exc:
+            raise spec.lost(call, result, exc) from exc
+        except NotReplicatedError as exc:
+            exc.result = result  # stored on the primary, and replayed from there
+            raise
+        except ConnectionFailedError as exc:
+            schedule = schedule or spec.store_schedule(call)  # made on the first failure only
+            delay = schedule.next_delay(time.monotonic())
+            if delay is None:
+                raise spec.unstored(call, result, exc) from exc
+            time.sleep(delay)
+
+
+def _release_quietly(claim: Claim) -> None:
+    """Give the claim back, whatever interrupts; a failure to is no error of the caller's."""
+    # The original error matters more; if Redis is unreachable the claim frees
+    # itself when its lease lapses.
+    with contextlib.suppress(GoblinClaimError):
+        _uninterrupted(claim.release)
+
+
+def _uninterrupted(work: Callable[[], T]) -> T:
+    """Run ``work`` to its end; in the asyncio flow, through cancellations, raised once it ends."""
+    return work()
