@@ -158,7 +158,8 @@ def _server_backend(name: str, host: str, port: int, cluster: bool, native: bool
         # redis-py 8's asyncio pool refuses work past max_connections; many
         # concurrent tasks need the blocking pool, which waits instead.
         kw.setdefault("retry", AsyncRetry(ExponentialWithJitterBackoff(base=0.01, cap=0.5), 3))  # as Redis() has
-        pool = redis.asyncio.BlockingConnectionPool(host=host, port=port, max_connections=64, timeout=30, **kw)
+        kw.setdefault("max_connections", 64)
+        pool = redis.asyncio.BlockingConnectionPool(host=host, port=port, timeout=30, **kw)
         return redis.asyncio.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
     return Backend(
