@@ -123,7 +123,8 @@ class ResultNotSerializableError(GoblinClaimError, TypeError):
     """The function's result cannot be stored so that duplicates get what ran.
 
     It does not serialize as its annotation says, would come back unequal or of
-    another type, or is too large. The function ran, so the key fails closed: the
+    another type anywhere inside (an int where a float is declared, a tuple as a
+    list), or is too large. The function ran, so the key fails closed: the
     first caller gets this with the value in ``.result``; duplicates get it too
     (``.result`` is ``None``) until the ttl ends or the key is forgotten.
     """
