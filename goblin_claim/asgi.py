@@ -14,11 +14,21 @@ byte, with ``Idempotent-Replayed: true``::
        read the body (up to max_body_bytes, else 413), fingerprint query and body
        │
     claim ──Claimed──► run the app (lease kept alive), buffer the response ─► store ─► send
-       │                  ├─ raised, no response, 5xx, 408, 425, 429 ─► key given back (release)
+       │                  ├─ raised (client still there), 5xx, 408, 425, 429 ─► key given back (release)
+       │                  ├─ cancelled, client gone, no whole response ─► kept closed: abandoned
        │                  └─ too large or streamed (SSE, trailers, files) ─► passed through, marked unstored
-       ├─Completed──► same fingerprint: replay; other: 422; marked unstored: 500
+       ├─Completed──► same fingerprint: replay; other: 422; marked unstored: 500; abandoned: 422
        ├─InFlight───► other fingerprint: 422; wait=0: 409; else wait for it
        └─Redis fails► 503 with Retry-After: the app never runs unguarded
+
+Cancellation is part of the contract: a claim whose round trip was cancelled is
+released (its reply may have been lost after the server acted), and a store,
+mark or release that began runs to its end before the cancellation propagates.
+A request the app began is never run again: once it started, "no response" (a
+client that disconnected, a cancelled task, Django returning without an answer)
+is not "nothing happened", so its key is kept closed until ``ttl`` ends or
+``forget()`` reopens it, and duplicates get ``422`` (a status no standard
+retrying client retries, as for a reused key in the IETF Idempotency-Key draft).
 
 Keys are scoped by method, path and the ``scope`` function (a user, a tenant),
 so one key sent to two endpoints, or by two users, names two operations. Error
@@ -39,9 +49,9 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, MutableMapping
 from http import HTTPStatus
-from typing import Annotated, Any, Final, Literal, Union
+from typing import Annotated, Any, Final, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -76,6 +86,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 logger = logging.getLogger("goblin_claim.asgi")
+_T = TypeVar("_T")
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 # RFC 9110 section 7.6.1, plus the pre-standard ones proxies still send.
@@ -151,8 +162,27 @@ class UnstoredResponse(BaseModel):
     reason: str
 
 
-_ENVELOPE: TypeAdapter[StoredResponse | UnstoredResponse] = TypeAdapter(
-    Annotated[Union[StoredResponse, UnstoredResponse], Field(discriminator="kind")]  # noqa: UP007 -- 3.10
+class AbandonedRequest(BaseModel):
+    """The first request started running but ended without a whole response: what it did is unknown.
+
+    Kept as the key's terminal outcome (fail closed): the client left, or the
+    server cancelled the request, after the app began; running it again could do
+    its work twice, so duplicates are told instead.
+    """
+
+    model_config = _STORED_CONFIG
+
+    goblin: Literal[1] = 1
+    kind: Literal["http_abandoned"] = "http_abandoned"
+    fp: str
+    reason: str
+
+
+_ENVELOPE: TypeAdapter[StoredResponse | UnstoredResponse | AbandonedRequest] = TypeAdapter(
+    Annotated[
+        Union[StoredResponse, UnstoredResponse, AbandonedRequest],  # noqa: UP007 -- 3.10
+        Field(discriminator="kind"),
+    ]
 )
 
 
@@ -200,7 +230,10 @@ class IdempotencyMiddleware:
         app.add_middleware(AuthenticationMiddleware, backend=...)  # added last: runs first
 
     Not guaranteed: duplicates of a request whose response was not stored (too
-    large, Redis lost mid-request) do not get that response.
+    large, Redis lost mid-request) do not get that response; a request the app
+    began that ended without a whole response (client gone, cancelled) keeps its
+    key closed, answered 422, until ``ttl`` ends or the key is forgotten; when
+    Redis is unreachable even for that mark, the key frees itself after ``lease``.
     """
 
     def __init__(
@@ -309,17 +342,24 @@ class IdempotencyMiddleware:
             logger.warning("%s: the idempotency claim failed, answering 503: %s", claim.key, exc)
             await _problem(send, 503, _UNAVAILABLE, retry=True)
             return
+        except asyncio.CancelledError:
+            # The claim (or wait()'s takeover) may have landed with its reply lost to the
+            # cancellation: give this token's claim back, or the key stays blocked by
+            # nobody for the whole lease. Owner-checked, so a no-op when it never landed.
+            await _to_the_end(_give_back(claim))
+            raise
         if isinstance(outcome, Completed):
             await self._replay(send, outcome.value, fp)
             return
-        exchange = _Exchange(self, claim, fp, send)
+        exchange = _Exchange(self, claim, fp, receive, send)
         try:
             async with claim.keep_alive():
-                await self.app(scope, receive, exchange.send)
-        except BaseException:  # cancellation too: a retry must not wait for the lease
-            await exchange.settle(raised=True)
+                exchange.started = True
+                await self.app(scope, exchange.receive, exchange.send)
+        except BaseException as exc:
+            await _to_the_end(exchange.settle(exc))
             raise
-        await exchange.settle(raised=False)
+        await _to_the_end(exchange.settle(None))
 
     async def _replay(self, send: Send, stored: bytes | str, fp: str) -> None:
         try:
@@ -331,6 +371,9 @@ class IdempotencyMiddleware:
             return
         if envelope.fp != fp:
             await _problem(send, 422, _MISMATCH)
+            return
+        if isinstance(envelope, AbandonedRequest):
+            await _problem(send, 422, f"{_ABANDONED} ({envelope.reason})")
             return
         if isinstance(envelope, UnstoredResponse):
             await _problem(
@@ -397,21 +440,47 @@ class _Exchange:
     stores and sends them; ``pass`` forwards each message as it comes (a 5xx or a
     retry status, whose key is given back; or a response too large or streamed,
     marked unstored once it ended).
+
+    Once the app began (``started``), the key is given back only when the request
+    itself says "try again": a 5xx or retry status, or an exception the app raised
+    while its client was still there. Anything else that ends without a kept
+    response (a cancellation, a client gone, a response never finished) may have
+    done its work, so the key is kept closed as an ``AbandonedRequest``.
     """
 
-    __slots__ = ("_chunks", "_claim", "_fp", "_mode", "_owner", "_send", "_size", "_start", "_unstored", "ended")
+    __slots__ = (
+        "_chunks", "_claim", "_fp", "_gone", "_mode", "_owner", "_receive", "_send", "_size", "_start", "_unstored",
+        "ended", "started",
+    )  # fmt: skip
 
-    def __init__(self, owner: IdempotencyMiddleware, claim: AsyncClaim, fp: str, send: Send) -> None:
+    def __init__(self, owner: IdempotencyMiddleware, claim: AsyncClaim, fp: str, receive: Receive, send: Send) -> None:
         self._owner = owner
         self._claim = claim
         self._fp = fp
+        self._receive = receive
         self._send = send
         self._start: Message | None = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._mode: Literal["buffer", "pass", "settled"] = "buffer"
         self._unstored: str | None = None  # why a passed-through response is not kept; None: give the key back
+        self._gone = False  # the client disconnected (the app was told), or sending to it failed
         self.ended = False
+        self.started = False
+
+    async def receive(self) -> Message:
+        """The ``receive`` the app sees, noting a disconnect (Django and Starlette listen for it)."""
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self._gone = True
+        return message
+
+    async def _forward(self, message: Message) -> None:
+        try:
+            await self._send(message)
+        except Exception:  # ASGI 2.4 servers raise OSError once the client left
+            self._gone = True
+            raise
 
     async def send(self, message: Message) -> None:
         """The ``send`` the app sees."""
@@ -420,8 +489,10 @@ class _Exchange:
             if (
                 kind == "http.response.body" and not message.get("more_body", False)
             ) or kind == "http.response.pathsend":
+                if self._mode == "pass" and self._unstored is not None:
+                    await self._finish_unstored()
                 self.ended = True
-            await self._send(message)
+            await self._forward(message)
             return
         kind = message["type"]
         if kind == "http.response.start":
@@ -429,7 +500,7 @@ class _Exchange:
             status = message["status"]
             if status >= 500 or status in RETRY_STATUSES:
                 self._mode = "pass"  # not kept: the key is given back when the app is done
-                await self._send(message)
+                await self._forward(message)
                 return
             reason = self._streamed(message)
             if reason is not None:
@@ -453,7 +524,7 @@ class _Exchange:
             await self._pass_unstored(f"it was sent as {kind}")
             await self.send(message)
         else:
-            await self._send(message)
+            await self._forward(message)
 
     def _streamed(self, start: Message) -> str | None:
         """Why a response cannot be kept, known from its start alone; ``None`` when it may be."""
@@ -479,11 +550,21 @@ class _Exchange:
         )  # fmt: skip
         start = dict(self._start)
         start["headers"] = [*start.get("headers", ()), UNSTORED_HEADER]
-        await self._send(start)
+        await self._forward(start)
         if self._chunks or not more:
-            await self._send({"type": "http.response.body", "body": b"".join(self._chunks), "more_body": more})
+            if not more:
+                await self._finish_unstored()
+            await self._forward({"type": "http.response.body", "body": b"".join(self._chunks), "more_body": more})
             self.ended = not more
         self._chunks = []
+
+    async def _finish_unstored(self) -> None:
+        """Mark the key before the last of an unstored response goes out: a client that saw it and retries is told."""
+        assert self._start is not None
+        assert self._unstored is not None
+        self._mode = "settled"
+        marker = UnstoredResponse(fp=self._fp, status=self._start["status"], reason=self._unstored)
+        await _to_the_end(self._mark(marker))
 
     async def _store_and_send(self) -> None:
         """Store the whole response, then send it: a client that saw it and retries gets the replay."""
@@ -498,22 +579,39 @@ class _Exchange:
             if n.lower() in names
         ]
         envelope = StoredResponse(fp=self._fp, status=start["status"], headers=kept, body=body)
+        # The app has answered: a cancellation now (the client left mid-store) must not
+        # drop its answer, so the store lands first and the cancellation propagates after.
+        stored = await _to_the_end(self._store(envelope.model_dump_json().encode(), start["status"]))
+        if stored == "lost":
+            await _problem(self._forward, 503, _LOST, retry=True)
+            self.ended = True
+            return
+        if stored == "failed":
+            start = {**start, "headers": [*start.get("headers", ()), UNSTORED_HEADER]}
+        await self._forward(start)
+        await self._forward({"type": "http.response.body", "body": body})
+        self.ended = True
+
+    async def _store(self, payload: bytes, status: int) -> Literal["stored", "lost", "failed"]:
+        """Store the response; failing that, keep the key closed with a small marker (fail closed)."""
         try:
-            await self._complete(envelope.model_dump_json().encode())
+            await self._complete(payload)
+            return "stored"
         except ClaimLostError as exc:
             # Another request took the key over after this lease lapsed: the answer
             # that is (or will be) stored is theirs, so this one is not given out.
             logger.warning("%s: the claim was lost while the app ran; answering 503: %s", self._claim.key, exc)
-            await _problem(self._send, 503, _LOST, retry=True)
-            self.ended = True
-            return
+            return "lost"
         except GoblinClaimError as exc:
-            # The app ran: its answer is sent all the same, and the key frees itself after the lease.
+            # The app ran: its answer is sent all the same, marked unstored.
             logger.warning("%s: the response could not be stored (%s); it will not be replayed", self._claim.key, exc)
-            start = {**start, "headers": [*start.get("headers", ()), UNSTORED_HEADER]}
-        await self._send(start)
-        await self._send({"type": "http.response.body", "body": body})
-        self.ended = True
+            failure = exc
+        if not isinstance(failure, ConnectionFailedError):
+            # A refused write (maxmemory, a size limit) may still take a marker a few
+            # bytes long; a connection that failed through the store window would not.
+            reason = f"it could not be stored: {str(failure)[:200]}"
+            await self._mark(UnstoredResponse(fp=self._fp, status=status, reason=reason))
+        return "failed"
 
     async def _complete(self, payload: bytes) -> None:
         # Owner-checked and safe to send twice, so a dropped connection is retried
@@ -530,27 +628,50 @@ class _Exchange:
                     raise
                 await asyncio.sleep(delay)
 
-    async def settle(self, *, raised: bool) -> None:
-        """After the app returned (or raised): keep the unstored mark, or give the key back."""
+    async def _mark(self, marker: UnstoredResponse | AbandonedRequest) -> None:
+        """Keep the key closed with ``marker``: duplicates are told, the request is not run again."""
+        try:
+            await self._complete(marker.model_dump_json().encode())
+        except GoblinClaimError as exc:
+            logger.warning(
+                "%s: could not keep the key closed (%s); it frees itself after the lease and a retry runs again",
+                self._claim.key, exc,
+            )  # fmt: skip
+
+    async def settle(self, error: BaseException | None) -> None:
+        """After the app returned (or raised ``error``): keep a mark, fail closed, or give the key back."""
         mode, self._mode = self._mode, "settled"
         if mode == "settled":
             return
-        if mode == "buffer" and self._start is not None and not raised:
-            # The app returned without finishing its response: send what it gave; the server tells the client.
-            await self._send(self._start)
-            if self._chunks:
-                await self._send({"type": "http.response.body", "body": b"".join(self._chunks), "more_body": True})
-        if self._unstored is not None and self.ended:
-            marker = UnstoredResponse(
-                fp=self._fp, status=self._start["status"] if self._start else 0, reason=self._unstored
-            )
-            try:
-                await self._complete(marker.model_dump_json().encode())
-            except GoblinClaimError as exc:
-                logger.warning("%s: could not mark the response unstored: %s", self._claim.key, exc)
+        if not self.started:
+            await _give_back(self._claim)  # cancelled on the way in: the app never ran
             return
-        with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
-            await asyncio.shield(self._claim.release())
+        if mode == "pass" and self._unstored is None:
+            await _give_back(self._claim)  # a 5xx or a retry status: the app asks for a retry
+            return
+        if isinstance(error, Exception) and not self._gone:
+            await _give_back(self._claim)  # the app failed while its client waited: a retry runs at once
+            return
+        # No whole response, yet the app ran (a sync Django view even finishes in its
+        # thread after a disconnect): what it did is unknown, so it is never run again.
+        reason = self._abandoned(error)
+        logger.warning("%s: %s; the key is kept closed, duplicates are answered 422", self._claim.key, reason)
+        await self._mark(AbandonedRequest(fp=self._fp, reason=reason))
+        if mode == "buffer" and self._start is not None and error is None:
+            # The app returned without finishing its response: send what it gave; the server tells the client.
+            await self._forward(self._start)
+            if self._chunks:
+                await self._forward({"type": "http.response.body", "body": b"".join(self._chunks), "more_body": True})
+
+    def _abandoned(self, error: BaseException | None) -> str:
+        """Why the request ended without a whole response, for the marker and the log."""
+        if error is not None and not isinstance(error, Exception):
+            return "the request was cancelled after it began (the client disconnected or the server stopped)"
+        if error is not None:
+            return f"the client disconnected and the app raised {type(error).__name__}"
+        if self._start is None:
+            return "the app returned without a response (frameworks do this when the client disconnects)"
+        return f"the app returned without finishing its {self._start['status']} response"
 
 
 # --------------------------------------------------------------------------- small pieces
@@ -565,10 +686,43 @@ _LOST: Final = (
     "retry to get the stored response"
 )
 _UNAVAILABLE: Final = "the idempotency store is unavailable, so the request was not run; retry later"
+_ABANDONED: Final = (
+    "a request with this idempotency key started running but ended without a whole response, so whether it took "
+    "effect is unknown; it is not run again: check the outcome, or use a new key to run it again"
+)
 _RESULT_LOST: Final = (
     "the first request with this idempotency key completed, but its stored response is gone (evicted); "
     "an operator can reopen the key"
 )
+
+
+async def _give_back(claim: AsyncClaim) -> None:
+    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise)."""
+    with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
+        await claim.release()
+
+
+async def _to_the_end(work: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``work`` to its end in a task of its own, even when this task is cancelled meanwhile.
+
+    A cancellation that arrives meanwhile is raised once ``work`` is done, so a
+    release, a store or a mark that began always lands (or fails) before the
+    request's task ends. anyio re-delivers a cancel scope's cancellation at every
+    step: each is absorbed the same way.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.cancelled():  # the work itself was cancelled (the loop is closing)
+                raise
+            cancelled = exc
+    result = task.result()
+    if cancelled is not None:
+        raise cancelled
+    return result
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

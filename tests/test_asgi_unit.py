@@ -22,7 +22,13 @@ import redis
 import redis.asyncio
 
 import goblin_claim.asgi
-from goblin_claim import AsyncClaim, ConnectionFailedError, InvalidArgumentError, InvalidArgumentTypeError
+from goblin_claim import (
+    AsyncClaim,
+    ConnectionFailedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ServerError,
+)
 from goblin_claim.asgi import DEFAULT_REPLAY_HEADERS, IdempotencyMiddleware, Message, Scope
 from goblin_claim.testing import fake_async_redis
 
@@ -106,14 +112,27 @@ def http_scope(
     return {"type": "http", "method": method, "path": path, "query_string": query, "headers": pairs}
 
 
-async def call(middleware: Any, scope: Scope, *chunks: bytes, disconnect: bool = False) -> Reply:
-    """Call ``middleware`` once with ``chunks`` as the request body; return what it sent."""
-    pending = [
+async def call(
+    middleware: Any,
+    scope: Scope,
+    *chunks: bytes,
+    disconnect: bool = False,
+    then_disconnect: bool = False,
+    fail_send_after: int | None = None,
+) -> Reply:
+    """Call ``middleware`` once with ``chunks`` as the request body; return what it sent.
+
+    ``disconnect``: the client leaves before its body; ``then_disconnect``: right
+    after it; ``fail_send_after``: sends past that many raise OSError (the client left).
+    """
+    pending: list[Message] = [
         {"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
         for index, chunk in enumerate(chunks or (b"",))
     ]
     if disconnect:
         pending = [{"type": "http.disconnect"}]
+    elif then_disconnect:
+        pending.append({"type": "http.disconnect"})
     sent: list[Message] = []
 
     async def receive() -> Message:
@@ -123,6 +142,8 @@ async def call(middleware: Any, scope: Scope, *chunks: bytes, disconnect: bool =
         raise AssertionError("unreachable")
 
     async def send(message: Message) -> None:
+        if fail_send_after is not None and len(sent) >= fail_send_after:
+            raise OSError("the client is gone")
         sent.append(message)
 
     await middleware(scope, receive, send)
@@ -587,8 +608,8 @@ def test_an_app_raising_after_its_response_started_streaming_gives_the_key_back(
     run(scenario)
 
 
-def test_a_cancelled_request_gives_the_key_back() -> None:
-    """Cancellation while the app runs (a server shutting down) releases the claim before it propagates."""
+def test_a_request_cancelled_while_the_app_runs_keeps_its_key_closed(native: bool) -> None:
+    """Cancelled once the app began (client gone, server stopping): the key is kept closed, a retry is 422, not run."""
 
     async def scenario(client: Any) -> None:
         started = asyncio.Event()
@@ -598,35 +619,97 @@ def test_a_cancelled_request_gives_the_key_back() -> None:
             await asyncio.sleep(60)
 
         app = App(before=hang)
-        middleware = wrap(app, client)
+        middleware = wrap(app, client, ttl=600)
         task = asyncio.create_task(call(middleware, http_scope(), b"{}"))
         await started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         app.before = None
+        retry = await call(middleware, http_scope(), b"{}")
+        assert "cancelled after it began" in retry.problem(422)["detail"]
+        assert app.runs == 1
+        (result_key,) = await client.keys(f"{NS}:*:result")
+        assert json.loads(await client.get(result_key))["kind"] == "http_abandoned"
+        assert 590 < await client.ttl(result_key) <= 600  # closed for the ttl, like a stored answer
+
+    run(scenario, native)
+
+
+def test_forget_reopens_an_abandoned_key() -> None:
+    """An abandoned key stays closed until forget() reopens it; then the request runs again."""
+
+    async def scenario(client: Any) -> None:
+        async def nothing(send: Any) -> None:
+            pass
+
+        app = App(raw=nothing)
+        middleware = wrap(app, client)
+        await call(middleware, http_scope(), b"{}")
+        app.raw = None
+        (await call(middleware, http_scope(), b"{}")).problem(422)
+        assert await AsyncClaim(client, '["POST","/orders",null,"k-1"]', namespace=NS).forget()
         assert (await call(middleware, http_scope(), b"{}")).status == 201
         assert app.runs == 2
 
     run(scenario)
 
 
-@pytest.mark.parametrize("sent", ["nothing", "a start only"])
-def test_an_app_that_never_finishes_its_response_gives_the_key_back(sent: str) -> None:
-    """An app returning without a complete response is not stored; what it sent is passed on; the retry runs."""
+@pytest.mark.parametrize("sent", ["nothing", "a start only", "a start and part of the body"])
+def test_an_app_that_never_finishes_its_response_keeps_the_key_closed(sent: str) -> None:
+    """An app returning without a whole response (Django after a disconnect) ran: the key stays closed, 422."""
 
     async def scenario(client: Any) -> None:
         async def incomplete(send: Any) -> None:
-            if sent == "a start only":
+            if sent != "nothing":
                 await send({"type": "http.response.start", "status": 200, "headers": []})
+            if sent == "a start and part of the body":
+                await send({"type": "http.response.body", "body": b"part", "more_body": True})
 
         app = App(raw=incomplete)
         middleware = wrap(app, client)
         first = await call(middleware, http_scope(), b"{}")
-        assert len(first.messages) == (0 if sent == "nothing" else 1)
+        assert len(first.messages) == {"nothing": 0, "a start only": 1, "a start and part of the body": 2}[sent]
         app.raw = None
-        assert (await call(middleware, http_scope(), b"{}")).status == 201
-        assert app.runs == 2
+        duplicate = await call(middleware, http_scope(), b"{}")
+        assert "without" in duplicate.problem(422)["detail"]
+        assert duplicate.header(b"retry-after") is None
+        assert app.runs == 1
+        assert (await call(middleware, http_scope(), b"{other}")).problem(422)["detail"].startswith("this idem")
+
+    run(scenario)
+
+
+def test_an_app_raising_after_its_client_left_keeps_the_key_closed() -> None:
+    """The client disconnected, then the app raised (as Starlette's ClientDisconnect does): not given back."""
+
+    async def scenario(client: Any) -> None:
+        async def notices(scope: Scope, receive: Any, send: Any) -> None:
+            app.runs += 1
+            await receive()  # the body
+            if (await receive())["type"] == "http.disconnect":
+                raise ConnectionResetError("the client is gone")
+
+        app = App()
+        middleware = wrap(notices, client)
+        with pytest.raises(ConnectionResetError):
+            await call(middleware, http_scope(), b"{}", then_disconnect=True)
+        (await call(middleware, http_scope(), b"{}")).problem(422)
+        assert app.runs == 1
+
+    run(scenario)
+
+
+def test_a_send_failing_after_the_client_left_keeps_the_key_closed() -> None:
+    """An ASGI 2.4 server's send raising OSError mid-stream: the app ran, the key stays closed."""
+
+    async def scenario(client: Any) -> None:
+        app = App(chunks=[b"a" * 40, b"b" * 40, b"c" * 40])
+        middleware = wrap(app, client, max_response_bytes=50)
+        with pytest.raises(OSError, match="gone"):
+            await call(middleware, http_scope(), b"{}", fail_send_after=1)
+        assert "raised OSError" in (await call(middleware, http_scope(), b"{}")).problem(422)["detail"]
+        assert app.runs == 1
 
     run(scenario)
 
@@ -783,6 +866,32 @@ def test_a_store_that_keeps_failing_still_sends_the_answer(monkeypatch: pytest.M
         assert reply.status == 201
         assert reply.body == b'{"ok":true}'
         assert reply.header(b"idempotent-stored") == b"false"
+
+    run(scenario)
+
+
+def test_a_store_refused_by_redis_keeps_the_key_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """complete() refused (maxmemory): the answer is sent marked unstored, a small marker closes the key, no rerun."""
+    real = AsyncClaim.complete
+    refused: list[bytes | str] = []
+
+    async def refuse_the_first(self: AsyncClaim, value: bytes | str) -> None:
+        if not refused:
+            refused.append(value)
+            raise ServerError("OOM command not allowed when used memory > 'maxmemory'", key=self.key)
+        await real(self, value)
+
+    monkeypatch.setattr(AsyncClaim, "complete", refuse_the_first)
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        middleware = wrap(app, client)
+        first = await call(middleware, http_scope(), b"{}")
+        assert (first.status, first.body) == (201, b'{"ok":true}')
+        assert first.header(b"idempotent-stored") == b"false"
+        assert "could not be stored: OOM" in (await call(middleware, http_scope(), b"{}")).problem(500)["detail"]
+        assert app.runs == 1
+        assert json.loads(refused[0])["kind"] == "http_response"
 
     run(scenario)
 

@@ -1,0 +1,13 @@
+"""URLs: a health check and one sync and one async view."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from tests.django_app import views
+
+urlpatterns = [
+    path("health", views.health),
+    path("orders/sync", views.order_sync),
+    path("orders/async", views.order_async),
+]

@@ -1,0 +1,55 @@
+"""The views: each run counts itself in Redis (the test reads the counters from its own process).
+
+``GOBLIN_TEST_REDIS_PORT`` names the server, ``GOBLIN_TEST_NAMESPACE`` the counters'
+prefix, ``GOBLIN_TEST_DELAY`` how long a view works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+import redis
+import redis.asyncio
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+PORT = int(os.environ["GOBLIN_TEST_REDIS_PORT"])
+COUNTERS = f"{os.environ['GOBLIN_TEST_NAMESPACE']}:runs"
+DELAY = float(os.environ.get("GOBLIN_TEST_DELAY", "1.5"))
+_clients: dict[str, Any] = {}
+
+
+def _sync() -> redis.Redis:
+    if "sync" not in _clients:
+        _clients["sync"] = redis.Redis(host="127.0.0.1", port=PORT)
+    client: redis.Redis = _clients["sync"]
+    return client
+
+
+def health(request: HttpRequest) -> HttpResponse:
+    """Answer GET: the server is up (safe methods pass the middleware untouched)."""
+    return HttpResponse("ok")
+
+
+def order_sync(request: HttpRequest) -> JsonResponse:
+    """A sync view (Django runs it in a thread, which a disconnect does not stop): count, work, count the end."""
+    items = json.loads(request.body)["items"]
+    run = _sync().incr(f"{COUNTERS}:sync")
+    time.sleep(DELAY)
+    _sync().incr(f"{COUNTERS}:sync:finished")
+    return JsonResponse({"order": f"ord_{run}", "items": items}, status=201)
+
+
+async def order_async(request: HttpRequest) -> JsonResponse:
+    """An async view (Django cancels it when the client disconnects): count, work, count the end."""
+    items = json.loads(request.body)["items"]
+    client = _clients.get("async")
+    if client is None:
+        client = _clients["async"] = redis.asyncio.Redis(host="127.0.0.1", port=PORT)
+    run = await client.incr(f"{COUNTERS}:async")
+    await asyncio.sleep(DELAY)
+    await client.incr(f"{COUNTERS}:async:finished")
+    return JsonResponse({"order": f"ord_{run}", "items": items}, status=201)
