@@ -6,6 +6,10 @@
 - ``goblin-claim inspect KEY [--namespace NS]``: what a key's claim and result hold.
 - ``goblin-claim forget KEY [--namespace NS]``: reopen a key (``Claim.forget()``),
   saying what was deleted.
+- ``goblin-claim scan --namespace NS [--state STATE]``: every key of a namespace with
+  its state, holder and TTL, walked with SCAN on every primary (never KEYS).
+- ``goblin-claim stats --namespace NS``: the same walk, counted by state; sampled and
+  scaled by DBSIZE (and labelled an estimate) on large keyspaces.
 
 Every subcommand takes ``--url`` (default: ``$REDIS_URL``, else
 ``redis://localhost:6379/0``) and talks to a cluster when the server is one. The
@@ -15,12 +19,15 @@ standard library's argparse only: no run-time dependency beyond the package's.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import re
 import secrets
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TextIO
 
 import redis
@@ -35,11 +42,12 @@ from ._errors import GoblinClaimError
 from ._outcomes import Claimed, Completed
 from ._sync import Claim
 
-__all__ = ["Finding", "KeyReport", "doctor", "inspect_key", "main"]
+__all__ = ["Entry", "Finding", "KeyReport", "NodeTally", "doctor", "estimate", "inspect_key", "main", "walk"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
-EXIT_OK, EXIT_PROBLEM = 0, 1
-Level = Literal["ok", "note", "problem"]
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+# "warning": worth changing, but nothing goblin-claim promises is at risk (exit status 0).
+Level = Literal["ok", "note", "warning", "problem"]
 Client = Any  # redis.Redis or redis.cluster.RedisCluster: redis-py types them loosely
 
 _MODULE_HINT = (
@@ -98,6 +106,21 @@ def _short(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
+def redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for printing."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # not a URL urllib can take apart: show its scheme only
+        return url.split("://", 1)[0] + "://..." if "://" in url else "..."
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
 # --------------------------------------------------------------------------- doctor
 
 
@@ -143,6 +166,76 @@ def eviction_finding(node: str, policy: str, maxmemory: int) -> Finding:
     if maxmemory == 0:
         return Finding("note", f"{node}: no maxmemory is set, so nothing is evicted now; once one is, {risk}", todo)
     return Finding("problem", f"{node}: {risk}", todo)
+
+
+def pubsub_metrics_finding(config: object | None, available: bool = True) -> Finding:
+    """Whether redis-py's OpenTelemetry pub/sub metrics would record channel names.
+
+    goblin-claim's wake-up channels are named after claim keys, so a metric attribute per
+    channel puts every idempotency key a process waited on into the metrics backend (and
+    grows its cardinality with every key). redis-py 8 records the channel of each message
+    received when its ``OTelConfig`` enables ``MetricGroup.PUBSUB`` without
+    ``hide_pubsub_channel_names=True``.
+
+    Args:
+        config: The ``redis.observability.OTelConfig`` in force, or ``None`` when observability
+            was not initialised in this process.
+        available: Whether this redis-py has ``redis.observability`` at all.
+    """
+    where = "redis-py's OpenTelemetry metrics"
+    todo = (
+        "pass OTelConfig(..., hide_pubsub_channel_names=True) to get_observability_instance().init(...), "
+        "or leave MetricGroup.PUBSUB out of metric_groups"
+    )
+    if not available:
+        return Finding("ok", f"redis-py {redis.__version__} has no pub/sub metrics: channel names are not recorded")
+    if config is None:
+        return Finding(
+            "note",
+            f"{where} are not initialised in this process, so what your application records is unknown here: with "
+            "MetricGroup.PUBSUB they record every channel name, and goblin-claim's channels are named after claim keys",
+            f"doctor --import <the module that sets up redis-py's observability> checks it; {todo}",
+        )
+    groups = getattr(config, "metric_groups", None)
+    enabled = bool(getattr(config, "enabled_telemetry", 0))
+    pubsub = _pubsub_group()
+    if not enabled or groups is None or pubsub is None or not groups & pubsub:
+        return Finding("ok", f"{where} record no pub/sub messages (MetricGroup.PUBSUB is off): no channel names")
+    hidden = getattr(config, "hide_pubsub_channel_names", None)
+    if hidden is True:
+        return Finding("ok", f"{where} record pub/sub messages with channel names hidden (hide_pubsub_channel_names)")
+    if hidden is None:
+        return Finding(
+            "note",
+            f"{where} record pub/sub messages, and this redis-py has no hide_pubsub_channel_names: they may record "
+            "channel names, which goblin-claim names after claim keys",
+            "leave MetricGroup.PUBSUB out of metric_groups",
+        )
+    return Finding(
+        "warning",
+        f"{where} record the channel name of every pub/sub message (MetricGroup.PUBSUB without "
+        "hide_pubsub_channel_names): goblin-claim's wake-up channels are named after claim keys, so every key a "
+        "waiter listened on becomes a metric attribute, in your metrics backend and growing its cardinality",
+        todo,
+    )
+
+
+def _pubsub_group() -> Any:
+    try:
+        from redis.observability.config import MetricGroup
+    except ImportError:  # redis-py before observability
+        return None
+    return getattr(MetricGroup, "PUBSUB", None)
+
+
+def _observability_config() -> tuple[object | None, bool]:
+    """The OTelConfig redis-py's observability runs with in this process (None: not set up), and whether it exists."""
+    try:
+        from redis.observability.providers import get_observability_instance
+    except ImportError:
+        return None, False
+    manager = get_observability_instance().get_provider_manager()
+    return (manager.config if manager is not None else None), True
 
 
 def _server_findings(nodes: list[tuple[str, Any]], cluster: bool) -> list[Finding]:
@@ -299,17 +392,22 @@ def doctor(client: Client, cluster: bool, namespace: str = "goblin", write: bool
         findings += _acl_findings(client, namespace, native.level == "ok")
     else:
         findings.append(Finding("note", "ACL not checked (--no-write)", "run doctor without --no-write to check it"))
+    findings.append(pubsub_metrics_finding(*_observability_config()))
     return findings
 
 
 def _print_findings(findings: Sequence[Finding], out: TextIO) -> None:
-    labels = {"ok": "ok", "note": "note", "problem": "PROBLEM"}
+    labels = {"ok": "ok", "note": "note", "warning": "WARNING", "problem": "PROBLEM"}
     for finding in findings:
         print(f"  {labels[finding.level]:<8} {finding.what}", file=out)
         if finding.todo and finding.level != "ok":
             print(f"  {'':<8} -> {finding.todo}", file=out)
     problems = sum(finding.level == "problem" for finding in findings)
-    print(f"{problems} problem{'s' if problems != 1 else ''}" if problems else "no problems", file=out)
+    warnings = sum(finding.level == "warning" for finding in findings)
+    summary = f"{problems} problem{'s' if problems != 1 else ''}" if problems else "no problems"
+    if warnings:
+        summary += f", {warnings} warning{'s' if warnings != 1 else ''}"
+    print(summary, file=out)
 
 
 # --------------------------------------------------------------------------- inspect and forget
@@ -431,6 +529,323 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
     return report
 
 
+# --------------------------------------------------------------------------- scan and stats
+
+State = Literal["in-flight", "done", "lost", "odd"]
+STATES: tuple[State, ...] = ("in-flight", "done", "lost", "odd")
+EXIT_LOST = 3
+DEFAULT_BATCH = 500
+# Above this many keys (DBSIZE, summed over the primaries), stats samples unless --exact.
+EXACT_UP_TO = 1_000_000
+DEFAULT_SAMPLE = 100
+# A key whose claim reads differently before and after its result is read again,
+# this many times in all; past that it is reported as changing.
+_READS = 3
+
+# The decorator and the HTTP middleware end their tokens with ".<32 hex digits>", the
+# call's fingerprint: a hash of the arguments, which a low-entropy argument lets
+# anyone guess back. Listings show the part before it: who holds the claim.
+_FINGERPRINT = re.compile(rb"\.[0-9a-f]{32}\Z")
+_ESCAPED = re.compile(r"%(25|7B|7D)")
+_UNESCAPED = {"25": "%", "7B": "{", "7D": "}"}
+_GLOB = re.compile(r"([*?\[\]\\])")
+_DONE = DONE_PREFIX.encode()
+_SUFFIXES = (b"claim", b"result", b"fence")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key of a namespace as ``scan`` lists it.
+
+    Attributes:
+        state: ``in-flight``, ``done``, ``lost`` or ``odd``.
+        key: The idempotency key, as ``inspect`` and ``forget`` take it; for a name that is not
+            laid out as goblin-claim lays out keys, the Redis key itself.
+        ttl_ms: What is left of the lease (in flight), of the retention (done), or until a lost
+            result's key reopens by itself (lost); ``-1`` for no TTL, ``None`` when none applies.
+        holder: The holder token's owner part (never the call fingerprint after it), or ``None``.
+        note: What is wrong, for odd keys and lost results.
+    """
+
+    state: State
+    key: str
+    ttl_ms: int | None = None
+    holder: str | None = None
+    note: str = ""
+
+
+def printable(raw: bytes) -> str:
+    """``raw`` as text when it is printable UTF-8, else its ``repr`` (so a listing never carries control bytes)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(raw)
+    return text if text.isprintable() else repr(text)
+
+
+def owner_part(token: bytes) -> str:
+    """Who holds a claim: its token without the call fingerprint the decorator appends."""
+    return printable(_FINGERPRINT.sub(b"", token))
+
+
+def scan_pattern(namespace: str) -> str:
+    """The SCAN MATCH pattern of every key goblin-claim writes under ``namespace``."""
+    return _GLOB.sub(r"\\\1", namespace) + ":{*"
+
+
+def parse_name(name: bytes, prefix: bytes) -> tuple[bytes, bytes] | None:
+    """(hash tag, suffix) of ``<ns>:{<tag>}:<suffix>`` under ``prefix`` (``<ns>:{``), else ``None``."""
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix) :]
+    end = rest.find(b"}")
+    # build_keys escapes braces out of the tag, so the first closing brace ends it.
+    if end <= 0 or b"{" in rest[:end] or rest[end + 1 : end + 2] != b":" or rest[end + 2 :] not in _SUFFIXES:
+        return None
+    return rest[:end], rest[end + 2 :]
+
+
+def key_of(tag: bytes) -> str:
+    """The idempotency key whose hash tag is ``tag`` (build_keys' percent-escapes undone)."""
+    try:
+        text = tag.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(tag)
+    key = _ESCAPED.sub(lambda match: _UNESCAPED[match.group(1)], text)
+    return key if key.isprintable() else repr(key)
+
+
+def _left(pttl: int) -> int | None:
+    return None if pttl == -2 else pttl
+
+
+def classify(
+    key: str, claim_type: str, claim_pttl: int, holder: bytes | None, result_type: str, result_pttl: int
+) -> Entry | None:
+    """The state of one key from its claim and result, read together; ``None`` when both are gone.
+
+    Args:
+        key: The idempotency key, as shown.
+        claim_type: TYPE of the claim key (``none``, ``string``, ``hash``...).
+        claim_pttl: PTTL of the claim key (-2 absent, -1 no TTL).
+        holder: What the claim key holds, when it is a string.
+        result_type: TYPE of the result key.
+        result_pttl: PTTL of the result key.
+    """
+    if claim_type == "none":
+        if result_type == "none":
+            return None  # expired or forgotten since SCAN named it
+        if result_type != "string":
+            return Entry(
+                "odd", key, _left(result_pttl), None, f"the result key is a {result_type} and there is no claim"
+            )
+        return Entry(
+            "odd",
+            key,
+            _left(result_pttl),
+            None,
+            "a result with no claim (the claim was evicted or deleted, or a raw writer): the next acquire() runs "
+            "the work again",
+        )
+    if claim_type != "string" or holder is None:
+        return Entry(
+            "odd",
+            key,
+            _left(claim_pttl),
+            None,
+            f"the claim key is a {claim_type}, not written by goblin-claim: every caller sees the work in flight",
+        )
+    done = holder.startswith(_DONE)
+    owner = owner_part(holder[len(_DONE) :] if done else holder)
+    if result_type not in ("none", "string"):
+        return Entry(
+            "odd", key, _left(result_pttl), owner, f"the result key is a {result_type}: acquire() raises WrongTypeError"
+        )
+    if done and result_type == "none":
+        return Entry(
+            "lost",
+            key,
+            _left(claim_pttl),
+            owner,
+            "done, but the result is gone (evicted or deleted): acquire() raises ResultLostError until the TTL ends "
+            "or `goblin-claim forget` reopens the key",
+        )
+    no_ttl = "no TTL: goblin-claim always sets one (another writer?)"
+    if result_type == "string":
+        notes = []
+        if not done:
+            notes.append("the claim still holds its token: a result stored through the raw protocol")
+        if result_pttl == -1:
+            notes.append(no_ttl)
+        return Entry("done", key, _left(result_pttl), owner, "; ".join(notes))
+    return Entry(
+        "in-flight", key, _left(claim_pttl), owner, no_ttl + ", so it never frees itself" if claim_pttl == -1 else ""
+    )
+
+
+@dataclass
+class NodeTally:
+    """What a walk saw on one primary: for stats' counts and their estimate."""
+
+    node: str
+    dbsize: int = 0
+    examined: int = 0  # names SCAN returned (sampling scans without MATCH, so all of them)
+    finished: bool = False  # SCAN's cursor came back to 0: every key was seen
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+
+
+def _wrong_type(reply: object) -> bool:
+    return isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE")
+
+
+def _read_pairs(
+    conn: Any, prefix: bytes, tags: Sequence[bytes]
+) -> list[tuple[str, int, bytes | None, str, int] | None]:
+    """TYPE/PTTL/GET of each tag's claim and TYPE/PTTL of its result: one round trip for the batch.
+
+    Pipelined without MULTI (a node's keys span many slots, and a cluster refuses
+    cross-slot transactions), so the claim is read again after the result: a reading
+    is kept only when both reads of the claim agree, which rules out a complete(),
+    forget() or expiry landing between them (a done marker names its token, so the
+    same marker before and after means nothing moved). ``None`` for a pair that
+    changed on every read.
+    """
+    readings: dict[bytes, tuple[str, int, bytes | None, str, int] | None] = dict.fromkeys(tags)
+    pending = list(tags)
+    for _ in range(_READS):
+        if not pending:
+            break
+        pipe = conn.pipeline(transaction=False)
+        for tag in pending:
+            claim, result = prefix + tag + b"}:claim", prefix + tag + b"}:result"
+            pipe.type(claim)
+            pipe.pttl(claim)
+            pipe.get(claim)
+            pipe.type(result)
+            pipe.pttl(result)
+            pipe.get(claim)
+        replies = pipe.execute(raise_on_error=False)
+        changed = []
+        for index, tag in enumerate(pending):
+            claim_type, claim_pttl, before, result_type, result_pttl, after = replies[6 * index : 6 * index + 6]
+            for reply in (claim_type, claim_pttl, result_type, result_pttl, before, after):
+                if isinstance(reply, Exception) and not _wrong_type(reply):
+                    raise reply  # NOPERM, MOVED...: the walk cannot go on
+            claim_type, result_type = _text(claim_type), _text(result_type)
+            if _wrong_type(before) and _wrong_type(after):
+                agree = claim_type not in ("none", "string")
+                before = None
+            else:
+                agree = before == after and (claim_type == "string") == isinstance(before, bytes)
+                agree = agree and (claim_type == "none") == (before is None)
+            if result_pttl == -2:
+                result_type = "none"  # expired between its TYPE and its PTTL
+            if agree:
+                readings[tag] = (claim_type, int(claim_pttl), before, result_type, int(result_pttl))
+            else:
+                changed.append(tag)
+        pending = changed
+    return [readings[tag] for tag in tags]
+
+
+def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry]:
+    """The entries of one SCAN batch: each key pair once, through its claim key."""
+    via_claim: dict[bytes, bool] = {}
+    for name in names:
+        if not name.startswith(prefix):
+            continue  # sampling scans without MATCH
+        parsed = parse_name(name, prefix)
+        if parsed is None:
+            yield Entry("odd", printable(name), note="a key under the namespace that goblin-claim does not write")
+            continue
+        tag, suffix = parsed
+        if suffix == b"fence":
+            continue  # the fence counter outlives its claim by design; the pair speaks for it
+        via_claim[tag] = via_claim.get(tag, False) or suffix == b"claim"
+    tags = list(via_claim)
+    for tag, reading in zip(tags, _read_pairs(conn, prefix, tags), strict=True):
+        key = key_of(tag)
+        if reading is None:
+            yield Entry("odd", key, note="its claim changed on every read (busy): look again with inspect")
+            continue
+        if not via_claim[tag] and reading[0] != "none":
+            continue  # SCAN names the claim key too, and the pair is reported there
+        entry = classify(key, *reading)
+        if entry is not None:
+            yield entry
+
+
+def walk(
+    client: Client,
+    cluster: bool,
+    namespace: str,
+    batch: int = DEFAULT_BATCH,
+    sample: int | None = None,
+    tallies: list[NodeTally] | None = None,
+) -> Iterator[Entry]:
+    """Every key of ``namespace`` on every primary, with its state; read-only.
+
+    Each primary is walked with SCAN, ``batch`` names at a time (``COUNT``), never KEYS,
+    and each batch's claims and results are read in one pipelined round trip. SCAN may
+    name a key twice when the server rehashes meanwhile, and keys written during the
+    walk may or may not be seen: its guarantees, not a snapshot's.
+
+    Args:
+        client: A connected client (a cluster client on a cluster).
+        cluster: Whether ``client`` is a cluster client.
+        namespace: The namespace to walk.
+        batch: SCAN's ``COUNT``: names per round trip.
+        sample: Stop after this many SCAN batches per primary, scanning without MATCH so the
+            tally knows how much of the keyspace it saw (``estimate`` scales by DBSIZE);
+            ``None`` walks everything.
+        tallies: A list that receives one ``NodeTally`` per primary, kept up to date as the walk goes.
+
+    Yields:
+        One entry per key pair (and per stray name under the namespace).
+    """
+    prefix = f"{namespace}:{{".encode()
+    match = None if sample is not None else scan_pattern(namespace)
+    for node, conn in _primaries(client, cluster):
+        tally = NodeTally(node, dbsize=int(conn.dbsize()))
+        if tallies is not None:
+            tallies.append(tally)
+        cursor, batches = 0, 0
+        while True:
+            cursor, names = conn.scan(cursor, match=match, count=batch)
+            batches += 1
+            tally.examined += len(names)
+            for entry in _entries(conn, prefix, names):
+                tally.counts[entry.state] += 1
+                yield entry
+            if int(cursor) == 0:
+                tally.finished = True
+                break
+            if sample is not None and batches >= sample:
+                break
+
+
+def estimate(tallies: Sequence[NodeTally]) -> tuple[dict[State, float], bool]:
+    """Counts by state over ``tallies``, scaled by DBSIZE on primaries sampled only in part; and whether exact."""
+    totals = dict.fromkeys(STATES, 0.0)
+    exact = True
+    for tally in tallies:
+        scale = 1.0
+        if not tally.finished:
+            exact = False
+            scale = tally.dbsize / tally.examined if tally.examined else 0.0
+        for state in STATES:
+            totals[state] += tally.counts[state] * scale
+    return totals, exact
+
+
+def _shown_ttl(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms == -1:
+        return "no TTL"
+    return f"{ms / 1000:.1f} s"
+
+
 # --------------------------------------------------------------------------- the command line
 
 
@@ -450,16 +865,33 @@ def _parser() -> argparse.ArgumentParser:
         help="the namespace the key lives in (default: goblin, Claim's default; @idempotent's default is the "
         "function's <module>.<qualified name>, e.g. shop.payments.charge)",
     )
+    walked = argparse.ArgumentParser(add_help=False)
+    walked.add_argument(
+        "--namespace",
+        default="goblin",
+        help="the namespace to walk (default: goblin, Claim's default; @idempotent's default is the function's "
+        "<module>.<qualified name>, e.g. shop.payments.charge)",
+    )
+    walked.add_argument(
+        "--count",
+        type=_positive,
+        default=DEFAULT_BATCH,
+        metavar="N",
+        help=f"SCAN's COUNT: names per round trip; each batch's claims and results are read in one more "
+        f"(default: {DEFAULT_BATCH})",
+    )
     parser = argparse.ArgumentParser(
         prog="goblin-claim",
-        description="Operate goblin-claim: check a server, look at a key, reopen a key.",
+        description="Operate goblin-claim: check a server, look at a key, reopen a key, find what is stuck.",
         epilog="examples:\n"
         "  goblin-claim doctor --url redis://localhost:6379/0\n"
         "  goblin-claim inspect evt88\n"
         "  goblin-claim inspect order-42 --namespace shop.payments.charge\n"
         "  goblin-claim forget evt88\n"
-        "exit status: 0 when all is well, 1 on a problem (doctor's findings, a lost result, no server), "
-        "2 on bad usage.",
+        "  goblin-claim scan --namespace shop.payments.charge --state in-flight\n"
+        "  goblin-claim stats --namespace shop.payments.charge\n"
+        "exit status: 0 when all is well, 1 on a problem (doctor's findings, a lost result seen by inspect, no "
+        f"server), 2 on bad usage, {EXIT_LOST} when scan or stats found lost results.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -476,6 +908,15 @@ def _parser() -> argparse.ArgumentParser:
         "--namespace", default="goblin", help="where the ACL check writes its scratch key (default: goblin)"
     )
     check.add_argument("--no-write", action="store_true", help="skip the ACL check, which writes a scratch key")
+    check.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (repeatable): the application module that sets up redis-py's OpenTelemetry "
+        "observability, so doctor checks whether its pub/sub metrics record channel names (claim keys)",
+    )
     commands.add_parser(
         "inspect",
         parents=[keyed, url],
@@ -492,7 +933,58 @@ def _parser() -> argparse.ArgumentParser:
         "next caller runs the work again. Says what was deleted. An owner still working on it completes the key "
         "only if nobody claimed it since.",
     )
+    lister = commands.add_parser(
+        "scan",
+        parents=[walked, url],
+        help="list a namespace's keys with their state, holder and TTL",
+        description="List every key of a namespace: in-flight (the holder and the lease left), done (the retention "
+        "left), lost (done, but the result is gone: acquire() raises ResultLostError) and odd (keys of another "
+        "type, a result without a claim, names goblin-claim does not write). Walks every primary of a cluster "
+        "with SCAN MATCH in batches of --count, never KEYS; read-only. The holder is the token's owner part: the "
+        "call fingerprint @idempotent appends to it is never shown, nor are results (inspect KEY shows them). "
+        f"Exits {EXIT_LOST} when it found lost results, whatever --state lists.",
+    )
+    lister.add_argument(
+        "--state",
+        action="append",
+        choices=STATES,
+        help="list only keys in this state (repeatable; default: all); the summary still counts every state",
+    )
+    lister.add_argument("--limit", type=_positive, metavar="N", help="stop after listing N keys")
+    lister.add_argument("--json", action="store_true", help="one JSON object per key and line, no header or summary")
+    counter = commands.add_parser(
+        "stats",
+        parents=[walked, url],
+        help="count a namespace's keys by state (an estimate on large keyspaces)",
+        description="Count a namespace's keys by state: in-flight, done, lost, odd. Walks every primary with SCAN "
+        f"MATCH, unless the keyspace holds more than --exact-up-to keys (DBSIZE over the primaries; default "
+        f"{EXACT_UP_TO:,}) or --sample is given: then it reads --sample SCAN batches of --count names per "
+        f"primary (default {DEFAULT_SAMPLE}) and scales what it found by DBSIZE, and says the counts are an "
+        f"estimate. Read-only. Exits {EXIT_LOST} when it found lost results (in the sample, when sampling).",
+    )
+    how = counter.add_mutually_exclusive_group()
+    how.add_argument(
+        "--sample", type=_positive, metavar="N", help="estimate from N SCAN batches per primary, scaled by DBSIZE"
+    )
+    how.add_argument("--exact", action="store_true", help="walk everything, however large the keyspace")
+    counter.add_argument(
+        "--exact-up-to",
+        type=_positive,
+        default=EXACT_UP_TO,
+        metavar="KEYS",
+        help=f"walk everything when DBSIZE is at most this, else sample (default: {EXACT_UP_TO})",
+    )
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -504,11 +996,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             check_namespace(args.namespace)
         except GoblinClaimError as exc:
             print(f"goblin-claim: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
+    for module in getattr(args, "imports", ()):
+        if not _import(module):
+            return EXIT_USAGE
     try:
         client, cluster = connect(args.url)
     except (RedisError, RedisClusterException, ValueError) as exc:
-        print(f"goblin-claim {args.command}: cannot connect to {args.url}: {_short(exc)}", file=out)
+        print(f"goblin-claim {args.command}: cannot connect to {redacted(args.url)}: {_short(exc)}", file=out)
         print("  -> check --url (redis://user:password@host:port/db), that the server runs, and AUTH", file=out)
         return EXIT_PROBLEM
     try:
@@ -520,12 +1015,31 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         client.close()
 
 
+def _import(module: str) -> bool:
+    """Import an application module for doctor, from the working directory too (as ``python -m`` would)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # whatever the application's import raises, say so and stop
+        print(f"goblin-claim doctor: cannot import {module}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
     if args.command == "doctor":
-        print(f"goblin-claim doctor: {args.url}", file=out)
+        print(f"goblin-claim doctor: {redacted(args.url)}", file=out)
         findings = doctor(client, cluster, args.namespace, write=not args.no_write)
         _print_findings(findings, out)
         return EXIT_PROBLEM if any(f.level == "problem" for f in findings) else EXIT_OK
+    if args.command in ("scan", "stats"):
+        try:
+            run = _scan if args.command == "scan" else _stats
+            return run(args, client, cluster, out)
+        except ResponseError as exc:  # NOPERM on SCAN or a read, a cluster mid-resharding...
+            print(f"goblin-claim {args.command}: the server refused: {_short(exc)}", file=out)
+            return EXIT_PROBLEM
     try:
         report = inspect_key(client, args.namespace, args.key)
     except ResponseError as exc:
@@ -550,6 +1064,84 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
     print(f"  it was: {report.state}", file=out)
     print("  the next acquire() claims it and runs the work again", file=out)
     return EXIT_OK
+
+
+def _where(args: argparse.Namespace, client: Client, cluster: bool) -> str:
+    shape = f"a cluster of {len(client.get_primaries())} primaries" if cluster else "standalone"
+    return f"namespace {args.namespace!r} at {redacted(args.url)}, {shape}"
+
+
+def _scan(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
+    wanted = set(args.state or STATES)
+    counts = dict.fromkeys(STATES, 0)
+    listed = 0
+    limited = False
+    if not args.json:
+        print(f"goblin-claim scan: {_where(args, client, cluster)}", file=out)
+        print(f"{'STATE':<10}{'TTL LEFT':>12}  {'HOLDER':<32} KEY", file=out)
+    for entry in walk(client, cluster, args.namespace, args.count):
+        counts[entry.state] += 1
+        if entry.state not in wanted:
+            continue
+        if args.limit is not None and listed >= args.limit:
+            limited = True
+            break
+        listed += 1
+        if args.json:
+            print(json.dumps(asdict(entry)), file=out)
+            continue
+        note = f"  ({entry.note})" if entry.note else ""
+        print(f"{entry.state:<10}{_shown_ttl(entry.ttl_ms):>12}  {entry.holder or '-':<32} {entry.key}{note}", file=out)
+    if not args.json:
+        seen = sum(counts.values())
+        summary = ", ".join(f"{counts[state]} {state}" for state in STATES)
+        if limited:
+            print(f"stopped after {listed} keys (--limit); so far: {summary}", file=out)
+        else:
+            shown = "" if wanted == set(STATES) else f", {listed} listed (--state {' '.join(sorted(wanted))})"
+            print(f"{seen} key{'s' if seen != 1 else ''}: {summary}{shown}", file=out)
+        if counts["lost"]:
+            print(f"lost results found: `goblin-claim forget KEY --namespace {args.namespace}` reopens one", file=out)
+    return EXIT_LOST if counts["lost"] else EXIT_OK
+
+
+def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
+    sample = args.sample
+    why = f"--sample {sample}"
+    if sample is None and not args.exact:
+        size = sum(int(conn.dbsize()) for _, conn in _primaries(client, cluster))
+        if size > args.exact_up_to:
+            sample, why = DEFAULT_SAMPLE, f"DBSIZE {size:,} is over --exact-up-to {args.exact_up_to:,}"
+    tallies: list[NodeTally] = []
+    for _ in walk(client, cluster, args.namespace, args.count, sample=sample, tallies=tallies):
+        pass
+    totals, exact = estimate(tallies)
+    mark = "" if exact else "~"
+    print(f"goblin-claim stats: {_where(args, client, cluster)}", file=out)
+    for state in STATES:
+        print(f"  {state:<10}{mark + f'{round(totals[state]):,}':>14}", file=out)
+    print(f"  {'total':<10}{mark + f'{round(sum(totals.values())):,}':>14}", file=out)
+    nodes = f"{len(tallies)} primar{'ies' if len(tallies) != 1 else 'y'}"
+    if exact:
+        print(f"exact: every key of the namespace, walked with SCAN on {nodes}", file=out)
+    else:
+        examined = sum(tally.examined for tally in tallies)
+        size = sum(tally.dbsize for tally in tallies)
+        share = f" ({examined / size:.1%})" if size else ""
+        print(
+            f"estimate ({why}): {sample} SCAN batches of {args.count} per primary read {examined:,} of {size:,} keys"
+            f"{share} on {nodes}, scaled by DBSIZE; --exact walks everything",
+            file=out,
+        )
+    lost = sum(tally.counts["lost"] for tally in tallies)
+    if lost:
+        found = "found" if exact else "found in the sample"
+        print(
+            f"lost results {found}: {lost}; list them with `goblin-claim scan --namespace {args.namespace} --state "
+            "lost`, reopen one with `goblin-claim forget KEY`",
+            file=out,
+        )
+    return EXIT_LOST if lost else EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m goblin_claim._cli

@@ -46,10 +46,10 @@ def test_installed_script_help_names_the_commands_and_exit_status() -> None:
     """The `goblin-claim` console script (a [project.scripts] entry) explains its commands and exit status."""
     script = Path(sys.executable).parent / "goblin-claim"
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True, timeout=60)
-    for word in ("doctor", "inspect", "forget", "exit status", "--namespace"):
+    for word in ("doctor", "inspect", "forget", "scan", "stats", "exit status", "--namespace"):
         assert word in done.stdout
     done = subprocess.run([str(script), "doctor", "--help"], capture_output=True, text=True, check=True, timeout=60)
-    for word in ("maxmemory-policy", "ACL", "--url", "--no-write"):
+    for word in ("maxmemory-policy", "ACL", "--url", "--no-write", "--import"):
         assert word in done.stdout
 
 
