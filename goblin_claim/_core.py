@@ -36,6 +36,7 @@ __all__ = [
     "CLAIMED",
     "CLAIM_FENCED",
     "COMPLETE",
+    "COMPLETE_FENCED",
     "EXTEND",
     "FORGET",
     "NATIVE_COMMANDS",
@@ -78,6 +79,7 @@ _DONE_PREFIXES: Final = (DONE_PREFIX.encode(), DONE_PREFIX)  # as bytes and as s
 # complete.lua's replies.
 _STORED: Final = 1
 _COMPLETED_OTHERWISE: Final = 2
+_UNPROVEN: Final = 3  # claim_key empty, and nothing shows that nobody claimed it since
 
 
 # --------------------------------------------------------------------------- scripts
@@ -113,6 +115,8 @@ CLAIM: Final = Script.load("claim", 2, native="GOBLIN.CLAIM")
 # The same script with the fence counter as a third key; GOBLIN.CLAIM has no fences.
 CLAIM_FENCED: Final = replace(CLAIM, numkeys=3, native=None)
 COMPLETE: Final = Script.load("complete", 2)
+# The same script with the fence counter as a third key: a late completion is then provable.
+COMPLETE_FENCED: Final = replace(COMPLETE, numkeys=3)
 EXTEND: Final = Script.load("extend", 1)
 RELEASE: Final = Script.load("release", 1, native="GOBLIN.CAD")
 PEEK: Final = Script.load("peek", 2)
@@ -236,11 +240,21 @@ def _remember_namespace(namespace: str) -> None:
 
 
 def check_token(value: object) -> str:
-    """Return a valid token: a non-empty str of printable characters without whitespace."""
+    """Return a valid token: a non-empty str of printable characters without whitespace.
+
+    The protocol's markers are refused too: a claim holding ``CLAIMED`` would read
+    as a win, and one holding the done marker as completed work.
+    """
     token = _check_text("token", value)
-    # Every whitespace character but the space is also unprintable.
+    # Every whitespace character but the space is also unprintable. The done
+    # marker holds a space, so no token can start like it.
     if not token.isprintable() or " " in token:
         raise InvalidArgumentError(f"token must be printable and contain no whitespace: {describe(token)}")
+    if token == CLAIMED:
+        raise InvalidArgumentError(
+            f"token {CLAIMED!r} is reserved: it is the protocol's winning reply, so a claim holding it "
+            "would read as a win wherever the holder is reported"
+        )
     return token
 
 
@@ -421,9 +435,11 @@ class ClaimBase(Generic[ClientT]):
 
     __slots__ = (
         "_client",
+        "_fence",
         "_fence_key",
         "_holder",
         "_lapse_ms",
+        "_mine_until",
         "_native",
         "_replica_timeout_ms",
         "_replicas",
@@ -477,6 +493,8 @@ class ClaimBase(Generic[ClientT]):
         self._native = native if type(native) is str and native == "auto" else check_native(native)
         self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
         self._holder: object = None  # what the last claim reply said claim_key holds, when it said
+        self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
+        self._fence: int | None = None  # the fence of the claim this handle holds or last held
         if fencing is False:
             self._fence_key: str | None = None
         elif fencing is True:
@@ -516,6 +534,8 @@ class ClaimBase(Generic[ClientT]):
         self._replicas, self._replica_timeout_ms = replicas, replica_timeout_ms
         self._lapse_ms = None
         self._holder = None
+        self._mine_until = 0.0
+        self._fence = None
         return self
 
     @classmethod
@@ -571,12 +591,32 @@ class ClaimBase(Generic[ClientT]):
         native = None if source else native_command(self._native, available, script, self.key)
         return (native, *args) if native is not None else script_command(script, args, source=source)
 
-    def _claim_outcome(self, reply: object, acknowledged: int | None = None) -> tuple[Outcome, object]:
+    def _claim_outcome(
+        self,
+        reply: object,
+        acknowledged: int | None = None,
+        *,
+        resent: bool = False,
+        sent_at: float = 0.0,
+        now: float = 0.0,
+    ) -> tuple[Outcome, object]:
         """The outcome of a claim reply, and what claim_key holds when that is known.
 
         ``reply`` is GOBLIN.CLAIM's or claim.lua's: ``CLAIMED``, the stored value,
         or (in flight) a list holding claim_key's value; the driver answers the native
         command's nil with one read (``peek.lua``) that replies as claim.lua would.
+
+        A holder equal to this handle's token is ``Claimed`` only when it is this
+        handle's own claim (see ``_owns``); another handle given the same token
+        looks the same on the server, and is ``InFlight``.
+
+        Args:
+            reply: The server's reply.
+            acknowledged: WAIT's count, with ``replicas``.
+            resent: The driver sent this claim more than once (its retry, after a
+                failure that may have left the first send applied).
+            sent_at: The monotonic clock before the claim was first sent.
+            now: The monotonic clock once the reply was read.
 
         Raises:
             ResultLostError: claim_key says done, but the result is gone.
@@ -585,19 +625,23 @@ class ClaimBase(Generic[ClientT]):
         # Validated, not model_construct (slower); the two hot outcomes straight
         # through their validators, which is what __init__ does, less its wrapper.
         if type(reply) is list:
-            if not reply:
-                return InFlight(key=self.key), None  # claim_key holds a non-string: in flight, as natively
-            holder = reply[0]
-            if holder in _CLAIMED_REPLIES:
-                outcome = self._claimed(reply[1] if len(reply) > 1 else None, acknowledged)
-                return outcome, self.token
+            holder = reply[0] if reply else None
+            if self._fence_key is not None and len(reply) == 2 and holder in _CLAIMED_REPLIES:
+                # A fenced win has two entries; a fenced in-flight reply three.
+                return self._claimed(reply[1], acknowledged, sent_at), self.token
             if holder is None:
-                return InFlight(key=self.key), None  # freed meanwhile: the next attempt may take it
+                # Free meanwhile (the next attempt may take it), or a non-string: in flight, as natively.
+                self._mine_until = 0.0
+                return InFlight(key=self.key), None
             if len(reply) > 1 and type(reply[1]) is int:
                 self._lapse_ms = reply[1]
             if holder == self.token or holder == self.token.encode():
-                # This token holds it already: the reply to an earlier send was lost.
-                return self._claimed(None, acknowledged), holder
+                fence = reply[2] if len(reply) > 2 else None
+                if self._owns(resent, now, fence):
+                    return self._claimed(fence, acknowledged, sent_at, held=True), holder
+                self._mine_until = 0.0
+                return InFlight(key=self.key), holder  # another handle with this token holds it
+            self._mine_until = 0.0
             if holder.startswith(_DONE_PREFIXES[0] if type(holder) is bytes else DONE_PREFIX):
                 raise ResultLostError(
                     f"{self.key!r} was completed, but its result ({self.result_key!r}) is gone: evicted by a "
@@ -606,23 +650,76 @@ class ClaimBase(Generic[ClientT]):
                 )
             return InFlight(key=self.key), holder
         if reply in _CLAIMED_REPLIES:
-            return self._claimed(None, acknowledged), self.token
+            return self._claimed(None, acknowledged, sent_at), self.token
+        self._mine_until = 0.0
         if reply is None:
             return InFlight(key=self.key), None
         return _completed_outcome({"key": self.key, "value": reply}), None
 
-    def _claimed(self, fence: object, acknowledged: int | None) -> Claimed:
-        if acknowledged is not None and acknowledged < self._replicas:
-            raise self._not_replicated("claim", acknowledged)
+    def _owns(self, resent: bool, now: float, fence: object) -> bool:
+        """Whether a claim holding this handle's token is this handle's own.
+
+        The token is stored verbatim, so the server cannot tell this handle's
+        re-sent claim from another handle given the same token (a worker id).
+        The handle can: it is its own when the driver re-sent this very claim,
+        or while the lease of a claim this handle took (or sent without learning
+        the outcome) has not run out by its own clock, measured from before that
+        send, which is never later than the server's expiry. With fencing, a
+        counter that moved on since this handle's fence means another owner.
+
+        Not told apart (and so taken as its own): a first send that never reached
+        the server, then another handle with this token claiming before the
+        re-send arrives, or deleting this handle's live claim (``forget()``, a raw
+        ``GOBLIN.CAD``) and claiming within its lease.
+        """
+        if resent:
+            return True
+        if now >= self._mine_until:
+            return False
+        return self._fence is None or type(fence) is not int or fence == self._fence
+
+    def _claimed(self, fence: object, acknowledged: int | None, sent_at: float, *, held: bool = False) -> Claimed:
+        # A new claim lives at least lease seconds from before its send; a claim
+        # this handle already held keeps the deadline it had.
+        if not held or sent_at >= self._mine_until:
+            self._mine_until = sent_at + self.lease
         if type(fence) is not int:
             fence = None
+        elif fence != self._fence:
+            self._fence = fence
+        if acknowledged is not None and acknowledged < self._replicas:
+            raise self._not_replicated("claim", acknowledged)
         return _claimed_outcome({"key": self.key, "token": self.token, "lease": self.lease, "fence": fence})
 
-    def _complete_args(
-        self, value: object, encoding: str = "utf-8", text_only: bool = False
-    ) -> tuple[str, str, str, bytes | str, int, str]:
+    def _claim_unknown(self, sent_at: float) -> None:
+        """A claim sent at ``sent_at`` failed without a reply: it may have taken the claim.
+
+        The handle's next claim is then a re-send of this one.
+        """
+        if sent_at >= self._mine_until:
+            self._mine_until = sent_at + self.lease
+            self._fence = None
+
+    def _extended(self, sent_at: float, seconds: int) -> None:
+        """The lease was renewed by a call sent at ``sent_at``, while this handle held it."""
+        if sent_at < self._mine_until:
+            self._mine_until = sent_at + seconds
+
+    def _let_go(self) -> None:
+        """This handle no longer holds the claim: released, completed, or forgotten."""
+        self._mine_until = 0.0
+
+    def _complete_call(
+        self, value: object, encoding: str = "utf-8", text_only: bool = False, wake: str = ""
+    ) -> tuple[Script, tuple[str | bytes | int, ...]]:
+        """complete.lua and its arguments; with fencing, the counter and this handle's fence too."""
         stored = check_value(value, self.key, text_only=text_only, encoding=encoding)
-        return self.claim_key, self.result_key, self.token, stored, self.ttl, DONE_PREFIX + self.token
+        marker = DONE_PREFIX + self.token
+        if self._fence_key is None:
+            return COMPLETE, (self.claim_key, self.result_key, self.token, stored, self.ttl, marker, wake)
+        fence = "" if self._fence is None else self._fence
+        keys = (self.claim_key, self.result_key, self._fence_key)
+        return COMPLETE_FENCED, (*keys, self.token, stored, self.ttl, marker, wake, fence)
 
     def _completed(self, reply: object, acknowledged: int | None = None) -> None:
         """Check complete.lua's reply.
@@ -632,6 +729,18 @@ class ClaimBase(Generic[ClientT]):
                 completed it with another value; nothing was written.
             NotReplicatedError: Stored, but too few replicas acknowledged it.
         """
+        if reply == _UNPROVEN:
+            raise ClaimLostError(
+                f"cannot complete {self.key!r}: the claim of token {self.token!r} is gone (its lease lapsed, or "
+                "it was released or forgotten) and "
+                + (
+                    "its fence is unknown or the counter expired"
+                    if self._fence_key is not None
+                    else "without fencing=True nothing shows that nobody claimed the key since"
+                )
+                + "; nothing was written",
+                key=self.key,
+            )
         if reply == _COMPLETED_OTHERWISE:
             raise ClaimLostError(
                 f"cannot complete {self.key!r}: token {self.token!r} already completed it with another value; "

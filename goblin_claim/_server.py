@@ -50,6 +50,7 @@ __all__ = [
     "PROBE_ARGS",
     "PROBE_COMMAND",
     "ClientState",
+    "Sends",
     "direct_pool",
     "is_unknown_command",
     "native_from_command_table",
@@ -205,6 +206,20 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
     return buffers
 
 
+class Sends:
+    """How many sends of one command may have reached the server.
+
+    The direct path counts every try of redis-py's ``Retry``: a count above one
+    means the command was sent again after a failure that may have left the
+    first send applied, which a claim's reply must know (see ``ClaimBase._owns``).
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 def run_meanwhile(work: Callable[[], object] | None) -> None:
     """Run bookkeeping placed while a round trip is on the wire.
 
@@ -216,20 +231,27 @@ def run_meanwhile(work: Callable[[], object] | None) -> None:
             work()
 
 
-def send_direct(pool: Any, command: tuple[object, ...], meanwhile: Callable[[], object] | None = None) -> object:
+def send_direct(
+    pool: Any,
+    command: tuple[object, ...],
+    meanwhile: Callable[[], object] | None = None,
+    sends: Sends | None = None,
+) -> object:
     """One command and its raw reply over a connection of ``pool`` (a sync client's).
 
     Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
     errors it retries, disconnecting before each new try. ``meanwhile`` runs
     once (see ``run_meanwhile``), after the first send and before its reply is
     read: bookkeeping that would otherwise follow the round trip costs no time
-    of its own.
+    of its own. ``sends``, if given, counts the tries.
     """
     conn = pool.get_connection()
     try:
 
         def attempt() -> object:
             nonlocal meanwhile
+            if sends is not None:
+                sends.count += 1
             conn.send_packed_command(pack(command, conn.encoder))
             run_meanwhile(meanwhile)
             meanwhile = None
@@ -244,7 +266,10 @@ def send_direct(pool: Any, command: tuple[object, ...], meanwhile: Callable[[], 
 
 
 async def send_direct_async(
-    pool: Any, command: tuple[object, ...], meanwhile: Callable[[], object] | None = None
+    pool: Any,
+    command: tuple[object, ...],
+    meanwhile: Callable[[], object] | None = None,
+    sends: Sends | None = None,
 ) -> object:
     """``send_direct`` for an asyncio client's pool."""
     conn = await pool.get_connection()
@@ -252,6 +277,8 @@ async def send_direct_async(
 
         async def attempt() -> object:
             nonlocal meanwhile
+            if sends is not None:
+                sends.count += 1
             await conn.send_packed_command(pack(command, conn.encoder))
             run_meanwhile(meanwhile)
             meanwhile = None

@@ -15,7 +15,6 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from ._core import (
-    COMPLETE,
     EXTEND,
     FORGET,
     PEEK,
@@ -35,6 +34,7 @@ from ._server import (
     PROBE_ARGS,
     PROBE_COMMAND,
     ClientState,
+    Sends,
     direct_pool,
     is_unknown_command,
     native_from_command_table,
@@ -155,6 +155,7 @@ class Claim(ClaimBase["SyncClient"]):
             raise InvalidArgumentError("acquire_many(replicas=...) needs a standalone client", key=first.key)
         state = state_of(client)
         acknowledged = None
+        sent_at = time.monotonic()
         try:
             if not state.ready:
                 _prepare(client, state)
@@ -180,17 +181,27 @@ class Claim(ClaimBase["SyncClient"]):
                 for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
                     replies[i] = holder
         except (RedisError, RedisClusterException) as exc:
-            raise translate(exc, first.key, f"a batch of {len(handles)} claims") from exc
+            error = translate(exc, first.key, f"a batch of {len(handles)} claims")
+            if isinstance(error, ConnectionFailedError):
+                for handle in handles:
+                    handle._claim_unknown(sent_at)  # each claim may have been taken
+            raise error from exc
+        now = time.monotonic()
         return [
-            (handle, _batch_outcome(handle, reply, acknowledged))
+            (handle, _batch_outcome(handle, reply, acknowledged, sent_at, now))
             for handle, reply in zip(handles, replies, strict=True)
         ]
 
     def acquire(self) -> Claimed | Completed | InFlight:
         """Try to claim the work, in one round trip.
 
-        Safe to send twice: when this handle's token already holds the claim (an
-        earlier reply was lost), the answer is ``Claimed`` again.
+        Safe to send twice: when this handle's own claim already holds the key
+        (an earlier reply was lost and the claim sent again, or ``acquire()`` is
+        called again while the lease lasts), the answer is ``Claimed`` again.
+        Another handle given the same token gets ``InFlight``. Through
+        ``execute_command`` (cluster clients, wrapped clients) redis-py's own
+        re-send is identical to the first send, so a claim whose reply it lost
+        answers ``InFlight``: ``wait()`` takes the work over once the lease lapses.
 
         Returns:
             ``Claimed`` when this handle now owns the work; ``Completed`` with the
@@ -208,43 +219,61 @@ class Claim(ClaimBase["SyncClient"]):
     def _acquire(self, meanwhile: Meanwhile) -> Claimed | Completed | InFlight:
         """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire."""
         script, args = self._claim_call()
-        if self._replicas:
-            reply, acknowledged = self._call_and_wait(script, args, self.result_key)
-            outcome, self._holder = self._claim_outcome(reply, acknowledged)
-            return outcome
-        reply = self._call(script, args, self.result_key, meanwhile=meanwhile)
+        sends = Sends()
+        acknowledged = None
+        sent_at = time.monotonic()
+        try:
+            if self._replicas:
+                reply, acknowledged = self._call_and_wait(script, args, self.result_key)
+            else:
+                reply = self._call(script, args, self.result_key, meanwhile=meanwhile, sends=sends)
+        except ConnectionFailedError:
+            self._claim_unknown(sent_at)  # it may have taken the claim: the next one is a re-send
+            raise
         if reply is None:
             # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
             # claim (or a lost result); one read of holder and result, together, tells them apart.
             reply = self._peek()
-        outcome, self._holder = self._claim_outcome(reply)
+        resent = sends.count > 1
+        outcome, self._holder = self._claim_outcome(
+            reply, acknowledged, resent=resent, sent_at=sent_at, now=time.monotonic()
+        )
         return outcome
 
     def complete(self, value: bytes | str) -> None:
         """Store the work's result for ``ttl`` seconds and mark the work done.
 
         Owner-checked and atomic: the result is written only while this token
-        holds the claim, or after its lease lapsed while nobody claimed it since;
-        the claim is kept for ``ttl`` too, so the work stays completed as long as
-        its result lives. Safe to send twice: completing again with the same
-        value is a success that writes nothing.
+        holds the claim; the claim is kept for ``ttl`` too, so the work stays
+        completed as long as its result lives. Safe to send twice: completing
+        again with the same value is a success that writes nothing.
+
+        Once the claim is gone (the lease lapsed, or it was released or
+        forgotten), nothing on the server shows whether another caller claimed
+        and gave it up meanwhile, so ``complete()`` refuses, writing nothing.
+        With ``fencing=True`` it can show it: the fence counter still at this
+        handle's fence means nobody claimed since, and the late result is stored.
+        With fencing, a counter that numbered a later owner refuses even while
+        this token holds the claim.
 
         Raises:
             ValueError: ``value`` is the reserved reply ``CLAIMED``.
             TypeError: ``value`` is neither bytes nor str.
-            ClaimLostError: Another token holds or completed the claim, or this one
-                completed it with another value; nothing written.
+            ClaimLostError: Another token holds or completed the claim, this one
+                completed it with another value, or the claim is gone and nobody
+                claiming since cannot be shown; nothing written.
             NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
         self._complete(value, None)
 
     def _complete(self, value: bytes | str, meanwhile: Meanwhile) -> None:
         """``complete()``, running ``meanwhile`` (at most once) while the write is on the wire."""
-        args = (*self._complete_args(value, *reply_encoding(self._client)), wake_kind(self._client))
+        script, args = self._complete_call(value, *reply_encoding(self._client), wake_kind(self._client))
         if self._replicas:
-            self._completed(*self._call_and_wait(COMPLETE, args, self._both_keys))
+            self._completed(*self._call_and_wait(script, args, self._both_keys))
         else:
-            self._completed(self._call(COMPLETE, args, self._both_keys, meanwhile=meanwhile))
+            self._completed(self._call(script, args, self._both_keys, meanwhile=meanwhile))
+        self._let_go()
 
     def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
@@ -253,8 +282,11 @@ class Claim(ClaimBase["SyncClient"]):
             ClaimLostError: The claim lapsed or was already completed.
         """
         seconds = self._extend_lease(lease)
+        sent_at = time.monotonic()
         if not self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key):
+            self._let_go()
             raise self._lost("extend")
+        self._extended(sent_at, seconds)
 
     def release(self) -> bool:
         """Give the claim up so the work can run again at once (GOBLIN.CAD where native).
@@ -264,6 +296,7 @@ class Claim(ClaimBase["SyncClient"]):
             when it did not (lapsed, taken over, or completed: nothing reopens).
         """
         args = (self.claim_key, self.token)
+        self._let_go()  # first: held or not, this handle no longer counts on the claim being its own
         released = bool(self._call(RELEASE, args, self.claim_key, script_only=(wake_kind(self._client),)))
         if released and native_command(self._native, state_of(self._client).native, RELEASE, self.key):
             self._announce_free()  # GOBLIN.CAD announces nothing: tell the waiters here
@@ -274,12 +307,15 @@ class Claim(ClaimBase["SyncClient"]):
 
         For operators: it reopens the key, so the next caller runs the work again
         (a lost result, a bad stored value). An owner still working on it finds its
-        claim gone: its ``complete()`` then succeeds if nobody claimed the key since.
+        claim gone: its ``complete()`` raises ``ClaimLostError`` and writes nothing,
+        except with ``fencing=True`` while nobody claimed the key since (the fence
+        counter outlives ``forget()``).
 
         Returns:
             ``True`` when there was a claim or a result to delete.
         """
         args = (self.claim_key, self.result_key, wake_kind(self._client))
+        self._let_go()
         return bool(self._call(FORGET, args, self._both_keys))
 
     def wait(self, timeout: float = 10.0) -> Claimed | Completed:
@@ -332,8 +368,8 @@ class Claim(ClaimBase["SyncClient"]):
         Renews every ``interval`` seconds (default: a third of the lease) from a
         daemon thread (``Claim``) or a task (``AsyncClaim``), and stops when the
         block exits. A renewal that finds the claim lost stops and sets
-        ``lost``; ``complete()`` then still stores the result if nobody claimed the
-        key since, and raises ``ClaimLostError`` (writing nothing) if someone did.
+        ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing
+        (with ``fencing=True`` it stores the result if nobody claimed the key since).
 
         Example::
 
@@ -359,8 +395,20 @@ class Claim(ClaimBase["SyncClient"]):
     # -- the round trips
 
     def _call(
-        self, script: Script, args: Args, keys: str, script_only: Args = (), meanwhile: Meanwhile = None
+        self,
+        script: Script,
+        args: Args,
+        keys: str,
+        script_only: Args = (),
+        meanwhile: Meanwhile = None,
+        sends: Sends | None = None,
     ) -> object:
+        """One round trip: the native command where chosen, else the script.
+
+        ``sends`` counts the sends that may have reached the server: the direct
+        path counts each of its retries, ``execute_command`` counts one (its
+        re-sends are its own); a send the server refused unrun is taken back.
+        """
         client = self._client
         state = state_of(client)
         try:
@@ -369,20 +417,22 @@ class Claim(ClaimBase["SyncClient"]):
             native = native_command(self._native, state.native, script, self.key)
             if native is not None:
                 try:
-                    return _send(client, state.direct, (native, *args), meanwhile)
+                    return _send(client, state.direct, (native, *args), meanwhile, sends)
                 except (ResponseError, RedisClusterException) as exc:
                     if self._native == "always" or not is_unknown_command(exc):
                         raise
                     # This node lacks the module after all: scripts from now on.
                     state.native = frozenset()
                     meanwhile = None  # it ran with the refused command
+                    _unrun(sends)
             args += script_only
             try:
-                return _send(client, state.direct, script_command(script, args), meanwhile)
+                return _send(client, state.direct, script_command(script, args), meanwhile, sends)
             except NoScriptError:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
-                return _send(client, state.direct, script_command(script, args, source=True))
+                _unrun(sends)
+                return _send(client, state.direct, script_command(script, args, source=True), sends=sends)
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
@@ -419,16 +469,27 @@ class Claim(ClaimBase["SyncClient"]):
         return _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
 
 
-def _send(client: SyncClient, pool: Any, command: Args, meanwhile: Meanwhile = None) -> object:
+def _send(
+    client: SyncClient, pool: Any, command: Args, meanwhile: Meanwhile = None, sends: Sends | None = None
+) -> object:
     """One command's raw reply: straight through the pool where ``direct_pool`` allowed it.
 
     ``meanwhile`` runs once: while the command is on the wire, or before it is sent.
+    ``sends`` counts the sends (see ``Claim._call``).
     """
     if pool is None:
         run_meanwhile(meanwhile)
+        if sends is not None:
+            sends.count += 1  # redis-py's re-sends, if any, are invisible from here
         # redis-py leaves execute_command untyped on some clients.
         return client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
-    return send_direct(pool, command, meanwhile)
+    return send_direct(pool, command, meanwhile, sends)
+
+
+def _unrun(sends: Sends | None) -> None:
+    """The last send was refused unrun (an unknown command, NOSCRIPT): it claimed nothing."""
+    if sends is not None:
+        sends.count -= 1
 
 
 def _sleep(woken: threading.Event | None, delay: float) -> None:
@@ -456,11 +517,14 @@ def _needs_script(reply: object, mode: NativeMode) -> bool:
     return mode != "always" and isinstance(reply, ResponseError) and is_unknown_command(reply)
 
 
-def _batch_outcome(handle: Claim, reply: object, acknowledged: int | None) -> Outcome | GoblinClaimError:
+def _batch_outcome(
+    handle: Claim, reply: object, acknowledged: int | None, sent_at: float, now: float
+) -> Outcome | GoblinClaimError:
     if isinstance(reply, (RedisError, RedisClusterException)):
         return translate(reply, handle.key, handle.result_key)
     try:
-        return handle._claim_outcome(reply, acknowledged)[0]
+        # A pipeline's re-send is redis-py's, identical and unseen: never taken as one.
+        return handle._claim_outcome(reply, acknowledged, sent_at=sent_at, now=now)[0]
     except GoblinClaimError as exc:  # this key's own failure, in its place
         return exc
 

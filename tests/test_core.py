@@ -103,20 +103,31 @@ def test_claim_replies_decode_to_outcomes() -> None:
     claimed = Claimed(key="k", token="t", lease=5)
     assert handle._claim_outcome(b"CLAIMED") == (claimed, "t")
     assert handle._claim_outcome("CLAIMED") == (claimed, "t")
-    assert handle._claim_outcome([b"CLAIMED", 7]) == (Claimed(key="k", token="t", lease=5, fence=7), "t")
+    fenced = ClaimBase(None, "k", token="t", lease=5, fencing=True)
+    assert fenced._claim_outcome([b"CLAIMED", 7]) == (Claimed(key="k", token="t", lease=5, fence=7), "t")
+    # Only a fenced claim wins with a list, of two entries: a holder reading CLAIMED is in flight.
+    assert handle._claim_outcome([b"CLAIMED", 7]) == (InFlight(key="k"), b"CLAIMED")
+    assert fenced._claim_outcome([b"CLAIMED", 7, 3]) == (InFlight(key="k"), b"CLAIMED")
     assert handle._claim_outcome(None) == (InFlight(key="k"), None)
     assert handle._claim_outcome(b"") == (Completed(key="k", value=b""), None)
     assert handle._claim_outcome("x") == (Completed(key="k", value="x"), None)
 
 
 def test_in_flight_replies_name_the_holder() -> None:
-    """A list reply names claim_key's holder: another token is InFlight, this one Claimed, a done marker lost."""
+    """A list reply names claim_key's holder: another token is InFlight, this one Claimed if its own, a marker lost."""
     handle = ClaimBase(None, "k", token="t", lease=5)
     assert handle._claim_outcome([b"other"]) == (InFlight(key="k"), b"other")
     assert handle._claim_outcome(["other"]) == (InFlight(key="k"), "other")
     assert handle._claim_outcome([]) == (InFlight(key="k"), None)
     assert handle._claim_outcome([None]) == (InFlight(key="k"), None)
-    assert handle._claim_outcome([b"t"]) == (Claimed(key="k", token="t", lease=5), b"t")
+    # This token, but no sign that this handle sent it: another handle given the same token.
+    assert handle._claim_outcome([b"t", 4000]) == (InFlight(key="k"), b"t")
+    # The driver re-sent this very claim: its own.
+    assert handle._claim_outcome([b"t", 4000], resent=True) == (Claimed(key="k", token="t", lease=5), b"t")
+    # A claim this handle took, its lease running by the handle's clock: its own; past the lease, not.
+    assert handle._claim_outcome(b"CLAIMED", sent_at=100.0)[0] == Claimed(key="k", token="t", lease=5)
+    assert handle._claim_outcome([b"t", 4000], now=104.9)[0] == Claimed(key="k", token="t", lease=5)
+    assert handle._claim_outcome([b"t", 4000], now=105.0)[0] == InFlight(key="k")
     for marker in (b"done t", "done other"):
         with pytest.raises(ResultLostError):
             handle._claim_outcome([marker])

@@ -48,12 +48,13 @@ def test_acquire_sent_twice_is_claimed_both_times(driver: Driver) -> None:
 
 
 def test_acquire_sent_twice_by_a_from_keys_handle(driver: Driver) -> None:
-    """The same holds for exact keys shared with raw protocol users (the token is the owner)."""
+    """The same holds for exact keys shared with raw users; another handle given the same token is InFlight."""
     keys = (f"c:{{{unique()}}}", f"r:{{{unique()}}}")
     keys = (keys[0], keys[0].replace("c:", "r:", 1))
     owner = driver.from_keys(*keys, token="worker-3")
     assert isinstance(owner.acquire(), Claimed)
-    assert isinstance(driver.from_keys(*keys, token="worker-3").acquire(), Claimed)
+    assert isinstance(owner.acquire(), Claimed)
+    assert isinstance(driver.from_keys(*keys, token="worker-3").acquire(), InFlight)
     assert isinstance(driver.from_keys(*keys, token="worker-9").acquire(), InFlight)
 
 
@@ -101,9 +102,13 @@ def test_release_sent_twice_reports_false_the_second_time(driver: Driver) -> Non
 
 
 def test_late_complete_with_nobody_claiming_since_is_stored(driver: Driver) -> None:
-    """An owner whose lease lapsed while nobody claimed the key still completes it: stored, and marked done."""
+    """A fenced owner whose lease lapsed while nobody claimed the key still completes it: stored, and marked done.
+
+    Without fencing nothing proves "nobody claimed since", and the late complete()
+    is refused (tests/test_late_complete.py).
+    """
     key = unique()
-    owner = driver.claim(key, lease=1, ttl=600)
+    owner = driver.claim(key, lease=1, ttl=600, fencing=True)
     owner.acquire()
     time.sleep(1.1)
     assert driver.raw.exists(owner.claim_key) == 0
@@ -210,13 +215,18 @@ def test_forget_reopens_a_lost_result(driver: Driver) -> None:
 
 
 def test_forget_an_in_flight_claim(driver: Driver) -> None:
-    """forget() on another owner's live claim deletes it; that owner's complete() still lands, uncontested."""
+    """forget() on another owner's live claim deletes it; that owner's complete() is refused and writes nothing.
+
+    (With fencing, and nobody claiming since, it lands: tests/test_late_complete.py.)
+    """
     key = unique()
     owner = driver.claim(key)
     owner.acquire()
     assert driver.claim(key).forget() is True
-    owner.complete(b"v")
-    assert driver.claim(key).acquire() == Completed(key=key, value=b"v")
+    with pytest.raises(ClaimLostError):
+        owner.complete(b"v")
+    assert driver.raw.exists(owner.claim_key, owner.result_key) == 0
+    assert isinstance(driver.claim(key).acquire(), Claimed)
 
 
 def test_wait_still_times_out_on_real_in_flight_work(driver: Driver) -> None:
@@ -285,8 +295,11 @@ def test_decorator_raises_result_lost_without_running_or_waiting(deco: Deco) -> 
     assert calls == ["o1"]
 
 
-def test_decorator_work_outliving_its_lease_uncontested_is_stored(deco: Deco) -> None:
-    """keep_alive=False, work longer than the lease, nobody else calling: the result is stored and returned."""
+def test_decorator_work_outliving_its_lease_raises_claim_lost_with_the_result(deco: Deco) -> None:
+    """keep_alive=False, work longer than the lease: nothing proves nobody ran it meanwhile, so ClaimLostError.
+
+    The error carries the computed result; nothing is stored, so the next call runs again.
+    """
     calls: list[str] = []
 
     def slow(order_id: str) -> str:
@@ -295,8 +308,10 @@ def test_decorator_work_outliving_its_lease_uncontested_is_stored(deco: Deco) ->
         return "slow result"
 
     wrapped = deco(slow, key="order_id", lease=1, keep_alive=False)
-    assert wrapped("o1") == "slow result"
-    assert wrapped("o1") == "slow result"
+    with pytest.raises(ClaimLostError) as info:
+        wrapped("o1")
+    assert info.value.result == "slow result"
+    assert deco.raw.exists(f"{deco.namespace}:{{o1}}:result") == 0
     assert calls == ["o1"]
 
 

@@ -229,20 +229,34 @@ def _partial(factory: Callable[..., Any], **bound: Any) -> Callable[..., Any]:
 # --------------------------------------------------------------------------- acquire
 
 
+def _resent_claim_outcome(rig: Rig, outcome: object, handle: Any) -> None:
+    """Claimed where the SDK sent the claim itself; through a cluster client's execute_command, InFlight.
+
+    redis-py's re-send there is identical to the first send, so it cannot say it
+    is one: the safe side, as the README says (tests/test_owner.py shows wait()
+    taking the lapsed claim over).
+    """
+    if rig.topology == "cluster":
+        assert isinstance(outcome, InFlight)
+    else:
+        assert isinstance(outcome, Claimed)
+    assert rig.raw.get(handle.claim_key) == handle.token.encode()
+
+
 def test_acquire_reply_lost_is_resent_and_still_claimed(rig: Rig) -> None:
-    """acquire()'s reply is lost after the server claimed; redis-py re-sends it and the answer is Claimed."""
+    """acquire()'s reply is lost after the server claimed; redis-py re-sends it: Claimed (InFlight on a cluster)."""
     handle = rig.claim(rig.client(), unique())
     rig.faults.lose_next_reply(handle.claim_key.encode())
-    assert isinstance(handle.acquire(), Claimed)
+    _resent_claim_outcome(rig, handle.acquire(), handle)
     assert sent(rig.faults, handle.claim_key, "claim") == 2
     assert rig.raw.get(handle.claim_key) == handle.token.encode()
 
 
 def test_acquire_reply_held_past_socket_timeout_is_resent_and_still_claimed(rig: Rig) -> None:
-    """acquire()'s reply is held until the client times out; the re-sent claim answers Claimed."""
+    """acquire()'s reply is held past the client's timeout; the re-sent claim is Claimed (InFlight on a cluster)."""
     handle = rig.claim(rig.client("timeout"), unique())
     rig.faults.hold_next_reply(handle.claim_key.encode())
-    assert isinstance(handle.acquire(), Claimed)
+    _resent_claim_outcome(rig, handle.acquire(), handle)
     assert sent(rig.faults, handle.claim_key, "claim") == 2
     assert rig.raw.get(handle.claim_key) == handle.token.encode()
 
@@ -346,8 +360,11 @@ def test_complete_reply_lost_without_retries_raises_then_the_same_handle_succeed
 
 
 def test_complete_after_the_lease_lapsed_unclaimed_succeeds(rig: Rig) -> None:
-    """The lease lapses (the server expires the claim) and nobody claims: complete() still stores."""
-    handle = _claimed(rig)
+    """Fenced, the lease lapses (the server expires the claim) and nobody claims: complete() still stores.
+
+    Unfenced, nothing proves that nobody claimed since: refused (tests/test_late_complete.py).
+    """
+    handle = _claimed(rig, fencing=True)
     rig.raw.pexpire(handle.claim_key, 1)
     time.sleep(0.05)
     assert rig.raw.exists(handle.claim_key) == 0
@@ -470,10 +487,20 @@ def test_forget_cut_without_retries_raises_and_deletes_nothing(rig: Rig) -> None
 
 
 def test_decorator_acquire_reply_lost_runs_once_without_waiting(rig: Rig) -> None:
-    """The decorator's claim reply is lost and re-sent: it runs the function at once (wait=0), once."""
+    """The decorator's claim reply is lost and re-sent: it runs the function at once (wait=0), once.
+
+    Through a cluster client redis-py's identical re-send cannot say it is one: the
+    call is in flight (StillInFlightError at wait=0) and nothing runs twice.
+    """
     work = rig.counted(rig.client(), wait=0)
     key = claim_key(rig.ns, "evt")
     rig.faults.lose_next_reply(key.encode())
+    if rig.topology == "cluster":
+        with pytest.raises(StillInFlightError):
+            work("evt")
+        assert sent(rig.faults, key, "claim") == 2
+        assert rig.runs("evt") == 0
+        return
     assert work("evt")["run"] == 1
     assert sent(rig.faults, key, "claim") == 2
     assert work("evt")["run"] == 1

@@ -52,8 +52,8 @@ DRIVER: list[tuple[str, str]] = [
     ("def _send(", "async def _send("),
     ("return _send(client,", "return await _send(client,"),
     (
-        "    return send_direct(pool, command, meanwhile)",
-        "    return await send_direct_async(pool, command, meanwhile)",
+        "    return send_direct(pool, command, meanwhile, sends)",
+        "    return await send_direct_async(pool, command, meanwhile, sends)",
     ),
     ("    def _acquire(", "    async def _acquire("),
     ("    def _complete(", "    async def _complete("),
@@ -103,7 +103,7 @@ DRIVER: list[tuple[str, str]] = [
     ("in zip(again, _pipelined(client,", "in zip(again, await _pipelined(client,"),
     ("in zip(nils, _pipelined(client,", "in zip(nils, await _pipelined(client,"),
     ("list[tuple[Claim, Claimed", "list[tuple[AsyncClaim, Claimed"),
-    ("def _batch_outcome(handle: Claim,", "def _batch_outcome(handle: AsyncClaim,"),
+    ("    handle: Claim, reply: object,", "    handle: AsyncClaim, reply: object,"),
     (
         "            for claim, outcome in Claim.acquire_many(client,",
         "            for claim, outcome in await AsyncClaim.acquire_many(client,",

@@ -1,17 +1,22 @@
--- KEYS[1] claim_key: must hold ARGV[1], this token's done marker, or nothing
+-- KEYS[1] claim_key: must hold ARGV[1] or this token's done marker
 -- KEYS[2] result_key: receives the value
+-- KEYS[3] fence_key (optional): the counter claim.lua numbers the owners with
 -- ARGV[1] token: the owner's token
 -- ARGV[2] value: the outcome to publish
 -- ARGV[3] ttl: retention in seconds, a positive integer
 -- ARGV[4] marker: what claim_key holds once the work is done (never equal to a token)
--- ARGV[5] wake (optional): "publish" or "spublish" (a cluster's sharded channel):
---   announce on the channel named claim_key, so waiters learn of it at once
+-- ARGV[5] wake: "publish" or "spublish" (a cluster's sharded channel) announces on
+--   the channel named claim_key, so waiters learn of it at once; anything else does not
+-- ARGV[6] fence (with KEYS[3]): the fence this owner was given; "" when unknown
 -- returns 1 when the value is stored: written now, or already written by this
---   token (a re-sent call); 0 when another token holds or completed the claim;
---   2 when this token already completed it with another value (nothing written)
--- Safe to send twice. A lapsed lease that nobody claimed since is still this
--- token's to complete. The claim is kept for ttl too, so completed work stays
--- completed while its result lives.
+--   token (a re-sent call); 0 when another owner holds or completed the claim, or
+--   (KEYS[3]) the counter numbered an owner after this one; 2 when this token
+--   already completed it with another value; 3 when claim_key is empty (the lease
+--   lapsed, or the claim was released or forgotten) and nothing proves that
+--   nobody claimed it since: always without KEYS[3] (GOBLIN.CLAIM and release
+--   leave no trace), and with it when the counter is gone or the fence unknown
+-- Nothing is written unless the reply is 1. Safe to send twice. The claim is kept
+-- for ttl too, so completed work stays completed while its result lives.
 local holder = redis.call("get", KEYS[1])
 if holder ~= ARGV[1] and holder ~= ARGV[4] and holder then
   return 0
@@ -26,6 +31,18 @@ if holder == ARGV[4] and stored then
 end
 if not holder and stored then
   return 0
+end
+if holder ~= ARGV[4] then
+  -- Held by this token, or empty: the fence (where there is one) decides whose
+  -- claim this was; an empty claim with no fence to show for it is not ours.
+  local counter = KEYS[3] and tonumber(redis.call("get", KEYS[3]))
+  local fence = KEYS[3] and tonumber(ARGV[6])
+  if counter and fence and counter ~= fence then
+    return 0
+  end
+  if not holder and not (counter and fence) then
+    return 3
+  end
 end
 redis.call("set", KEYS[2], ARGV[2], "EX", ARGV[3])
 redis.call("set", KEYS[1], ARGV[4], "EX", ARGV[3])
