@@ -44,6 +44,7 @@ from ._server import (
     run_meanwhile,
     send_direct_async,
     state_of,
+    to_the_end_async,
     translate,
 )
 from ._wakeup import async_wakeups, wake_kind
@@ -187,6 +188,14 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 for handle in handles:
                     handle._claim_unknown(sent_at)  # each claim may have been taken
             raise error from exc
+        except Exception:
+            raise
+        except BaseException:
+            # Interrupted (a cancelled task) while claims were on the wire: any of them
+            # may have been taken with its reply lost. Give them back.
+            for handle in handles:
+                await handle._give_back()
+            raise
         now = time.monotonic()
         return [
             (handle, _batch_outcome(handle, reply, acknowledged, sent_at, now))
@@ -230,6 +239,13 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 reply = await self._call(script, args, self.result_key, meanwhile=meanwhile, sends=sends)
         except ConnectionFailedError:
             self._claim_unknown(sent_at)  # it may have taken the claim: the next one is a re-send
+            raise
+        except Exception:
+            raise
+        except BaseException:
+            # Interrupted (a cancelled task) while the claim was on the wire: it may have
+            # been taken with its reply lost, and nobody would hold it for the whole lease.
+            await self._give_back()
             raise
         if reply is None:
             # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
@@ -302,6 +318,11 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         if released and native_command(self._native, state_of(self._client).native, RELEASE, self.key):
             await self._announce_free()  # GOBLIN.CAD announces nothing: tell the waiters here
         return released
+
+    async def _give_back(self) -> None:
+        """Release quietly, to the end: after an interruption this handle may hold a claim it never heard of."""
+        with contextlib.suppress(GoblinClaimError):  # unreachable: the claim frees itself after its lease
+            await to_the_end_async(self.release())
 
     async def forget(self) -> bool:
         """Delete the claim and the result, whoever holds them, in one atomic step.

@@ -12,7 +12,7 @@ Every decision lives in ``_idempotent._Spec``::
 Interrupted anywhere (an asyncio cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
 and once the function has returned its result is stored before the interruption
-goes on (``_uninterrupted``).
+goes on (``to_the_end``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     ClaimLostError,
@@ -31,6 +30,7 @@ from ._errors import (
     ResultNotSerializableError,
 )
 from ._outcomes import Completed, InFlight
+from ._server import to_the_end_async
 from ._async import AsyncClaim
 
 if TYPE_CHECKING:
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from ._keepalive import AsyncKeepAlive
 
 __all__ = ["call"]
-
-T = TypeVar("T")
 
 
 async def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -57,13 +55,7 @@ async def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
                 outcome = await claim.wait(timeout=spec.wait)
         except NotReplicatedError:
             # Claimed on the primary only: give it back rather than run undurably.
-            await _release_quietly(claim)
-            raise
-        except Exception:
-            raise  # the server's answer or a check: nothing of this handle's is held
-        except BaseException:
-            # Interrupted while a claim (or a wait's takeover) was on the wire: this
-            # handle may hold the claim without knowing it. Give it back.
+            # (Interrupted while a claim is on the wire, acquire() gives it back itself.)
             await _release_quietly(claim)
             raise
         if isinstance(outcome, Completed):
@@ -83,14 +75,12 @@ async def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             if keeper is not None:
                 keeper._end()
             if isinstance(exc, spec.replay_errors):
-                envelope = spec.codec.encode_error(exc, call.fp)
-                with contextlib.suppress(ClaimLostError):
-                    await _uninterrupted(lambda: claim.complete(envelope))
+                await to_the_end_async(_keep_error(spec, claim, call, exc))
             else:
                 await _release_quietly(claim)
             raise
         # The function has returned: from here an interruption waits for the store.
-        return await _uninterrupted(lambda: _finish(spec, claim, call, result, keeper))
+        return await to_the_end_async(_finish(spec, claim, call, result, keeper))
     finally:
         if keeper is not None:
             keeper._end()
@@ -107,6 +97,15 @@ async def _finish(spec: _Spec, claim: AsyncClaim, call: _Call, result: Any, keep
         raise
     await store(spec, claim, call, payload, result, keeper)
     return result
+
+
+async def _keep_error(spec: _Spec, claim: AsyncClaim, call: _Call, exc: BaseException) -> bool:
+    """Store a replayable error as the key's outcome; whether it was stored (not if the claim was lost)."""
+    try:
+        await claim.complete(spec.codec.encode_error(exc, call.fp))
+    except ClaimLostError:
+        return False
+    return True
 
 
 async def store(
@@ -139,21 +138,4 @@ async def _release_quietly(claim: AsyncClaim) -> None:
     # The original error matters more; if Redis is unreachable the claim frees
     # itself when its lease lapses.
     with contextlib.suppress(GoblinClaimError):
-        await _uninterrupted(claim.release)
-
-
-async def _uninterrupted(work: Callable[[], Awaitable[T]]) -> T:
-    """Run ``work`` to its end; in the asyncio flow, through cancellations, raised once it ends."""
-    task = asyncio.ensure_future(work())
-    cancelled = False
-    while not task.done():
-        try:
-            # wait() leaves the task running when this caller is cancelled.
-            await asyncio.wait((task,))
-        except asyncio.CancelledError:
-            cancelled = True  # a timeout or a client gone: the work ends first
-    if cancelled:
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller gets
-        raise asyncio.CancelledError
-    return task.result()
+        await to_the_end_async(claim.release())

@@ -11,15 +11,14 @@ Every decision lives in ``_idempotent._Spec``::
 Interrupted anywhere (an asyncio cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
 and once the function has returned its result is stored before the interruption
-goes on (``_uninterrupted``).
+goes on (``to_the_end``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     ClaimLostError,
@@ -29,6 +28,7 @@ from ._errors import (
     ResultNotSerializableError,
 )
 from ._outcomes import Completed, InFlight
+from ._server import to_the_end
 from ._sync import Claim
 
 if TYPE_CHECKING:
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from ._keepalive import KeepAlive
 
 __all__ = ["call"]
-
-T = TypeVar("T")
 
 
 def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -55,13 +53,7 @@ def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 outcome = claim.wait(timeout=spec.wait)
         except NotReplicatedError:
             # Claimed on the primary only: give it back rather than run undurably.
-            _release_quietly(claim)
-            raise
-        except Exception:
-            raise  # the server's answer or a check: nothing of this handle's is held
-        except BaseException:
-            # Interrupted while a claim (or a wait's takeover) was on the wire: this
-            # handle may hold the claim without knowing it. Give it back.
+            # (Interrupted while a claim is on the wire, acquire() gives it back itself.)
             _release_quietly(claim)
             raise
         if isinstance(outcome, Completed):
@@ -81,14 +73,12 @@ def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if keeper is not None:
                 keeper._end()
             if isinstance(exc, spec.replay_errors):
-                envelope = spec.codec.encode_error(exc, call.fp)
-                with contextlib.suppress(ClaimLostError):
-                    _uninterrupted(lambda: claim.complete(envelope))
+                to_the_end(_keep_error(spec, claim, call, exc))
             else:
                 _release_quietly(claim)
             raise
         # The function has returned: from here an interruption waits for the store.
-        return _uninterrupted(lambda: _finish(spec, claim, call, result, keeper))
+        return to_the_end(_finish(spec, claim, call, result, keeper))
     finally:
         if keeper is not None:
             keeper._end()
@@ -105,6 +95,15 @@ def _finish(spec: _Spec, claim: Claim, call: _Call, result: Any, keeper: KeepAli
         raise
     store(spec, claim, call, payload, result, keeper)
     return result
+
+
+def _keep_error(spec: _Spec, claim: Claim, call: _Call, exc: BaseException) -> bool:
+    """Store a replayable error as the key's outcome; whether it was stored (not if the claim was lost)."""
+    try:
+        claim.complete(spec.codec.encode_error(exc, call.fp))
+    except ClaimLostError:
+        return False
+    return True
 
 
 def store(
@@ -137,9 +136,4 @@ def _release_quietly(claim: Claim) -> None:
     # The original error matters more; if Redis is unreachable the claim frees
     # itself when its lease lapses.
     with contextlib.suppress(GoblinClaimError):
-        _uninterrupted(claim.release)
-
-
-def _uninterrupted(work: Callable[[], T]) -> T:
-    """Run ``work`` to its end; in the asyncio flow, through cancellations, raised once it ends."""
-    return work()
+        to_the_end(claim.release())

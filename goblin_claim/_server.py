@@ -25,9 +25,9 @@ import codecs
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -61,8 +61,12 @@ __all__ = [
     "send_direct",
     "send_direct_async",
     "state_of",
+    "to_the_end",
+    "to_the_end_async",
     "translate",
 ]
+
+T = TypeVar("T")
 
 # Sent as one word so redis-py skips its COMMAND reply parser, which cannot read
 # the nil entries that COMMAND INFO returns for commands the server lacks.
@@ -218,6 +222,36 @@ class Sends:
 
     def __init__(self) -> None:
         self.count = 0
+
+
+def to_the_end(value: T) -> T:
+    """The sync mirror of ``to_the_end_async``: a sync call has already run to its end."""
+    return value
+
+
+async def to_the_end_async(work: Awaitable[T]) -> T:
+    """Run ``work`` to its end in a task of its own, even when the caller is cancelled meanwhile.
+
+    What must not be cut short once begun goes through here: a store of a result
+    the function returned, the release of a claim a cancelled round trip may have
+    taken, a marker. A cancellation that arrives meanwhile is raised once ``work``
+    is done (its own error, if it failed, is raised instead: it says more, and
+    carries the result where there is one). anyio re-delivers a cancel scope's
+    cancellation at every step: each is absorbed the same way.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.cancelled():  # the work itself was cancelled (the loop is closing)
+                raise
+            cancelled = exc
+    result = task.result()
+    if cancelled is not None:
+        raise cancelled
+    return result
 
 
 def run_meanwhile(work: Callable[[], object] | None) -> None:

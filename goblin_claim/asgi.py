@@ -49,9 +49,9 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from http import HTTPStatus
-from typing import Annotated, Any, Final, Literal, TypeVar, Union
+from typing import Annotated, Any, Final, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -68,6 +68,7 @@ from ._errors import (
     StillInFlightError,
 )
 from ._outcomes import Completed, InFlight
+from ._server import to_the_end_async
 
 __all__ = [
     "DEFAULT_REPLAY_HEADERS",
@@ -86,7 +87,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 logger = logging.getLogger("goblin_claim.asgi")
-_T = TypeVar("_T")
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 # RFC 9110 section 7.6.1, plus the pre-standard ones proxies still send.
@@ -346,7 +346,7 @@ class IdempotencyMiddleware:
             # The claim (or wait()'s takeover) may have landed with its reply lost to the
             # cancellation: give this token's claim back, or the key stays blocked by
             # nobody for the whole lease. Owner-checked, so a no-op when it never landed.
-            await _to_the_end(_give_back(claim))
+            await to_the_end_async(_give_back(claim))
             raise
         if isinstance(outcome, Completed):
             await self._replay(send, outcome.value, fp)
@@ -357,9 +357,9 @@ class IdempotencyMiddleware:
                 exchange.started = True
                 await self.app(scope, exchange.receive, exchange.send)
         except BaseException as exc:
-            await _to_the_end(exchange.settle(exc))
+            await to_the_end_async(exchange.settle(exc))
             raise
-        await _to_the_end(exchange.settle(None))
+        await to_the_end_async(exchange.settle(None))
 
     async def _replay(self, send: Send, stored: bytes | str, fp: str) -> None:
         try:
@@ -564,7 +564,7 @@ class _Exchange:
         assert self._unstored is not None
         self._mode = "settled"
         marker = UnstoredResponse(fp=self._fp, status=self._start["status"], reason=self._unstored)
-        await _to_the_end(self._mark(marker))
+        await to_the_end_async(self._mark(marker))
 
     async def _store_and_send(self) -> None:
         """Store the whole response, then send it: a client that saw it and retries gets the replay."""
@@ -581,7 +581,7 @@ class _Exchange:
         envelope = StoredResponse(fp=self._fp, status=start["status"], headers=kept, body=body)
         # The app has answered: a cancellation now (the client left mid-store) must not
         # drop its answer, so the store lands first and the cancellation propagates after.
-        stored = await _to_the_end(self._store(envelope.model_dump_json().encode(), start["status"]))
+        stored = await to_the_end_async(self._store(envelope.model_dump_json().encode(), start["status"]))
         if stored == "lost":
             await _problem(self._forward, 503, _LOST, retry=True)
             self.ended = True
@@ -700,29 +700,6 @@ async def _give_back(claim: AsyncClaim) -> None:
     """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise)."""
     with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
         await claim.release()
-
-
-async def _to_the_end(work: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``work`` to its end in a task of its own, even when this task is cancelled meanwhile.
-
-    A cancellation that arrives meanwhile is raised once ``work`` is done, so a
-    release, a store or a mark that began always lands (or fails) before the
-    request's task ends. anyio re-delivers a cancel scope's cancellation at every
-    step: each is absorbed the same way.
-    """
-    task = asyncio.ensure_future(work)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as exc:
-            if task.cancelled():  # the work itself was cancelled (the loop is closing)
-                raise
-            cancelled = exc
-    result = task.result()
-    if cancelled is not None:
-        raise cancelled
-    return result
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

@@ -488,16 +488,20 @@ def test_lease_lapsed_and_taken_over_mid_request_is_503(framework: str, service:
     assert later.headers["idempotent-replayed"] == "true"
 
 
-def test_lease_lapsed_uncontested_still_stores_the_answer(framework: str, service: Service) -> None:
-    """A claim that lapsed while nobody else claimed the key still completes: the answer is sent and replayed."""
+def test_lease_lapsed_uncontested_is_503_and_the_key_reopens(framework: str, service: Service) -> None:
+    """A claim lost mid-request, even with nobody claiming since, is 503: nothing proves the key uncontested."""
     with running(framework, service) as http:
         headers = {**key(), "x-lapse": "alone"}
         first = http.post("/lapse", json=BODY, headers=headers)
         again = http.post("/lapse", json=BODY, headers=headers)
-    assert first.status_code == 201
-    assert first.json() == {"run": 1}
-    assert again.content == first.content
-    assert again.headers["idempotent-replayed"] == "true"
+        replay = http.post("/lapse", json=BODY, headers=headers)
+    # The lapsed run's answer is not given out (a rival could have run and released
+    # meanwhile); its key is free, so the retry runs and its answer is the one kept.
+    assert "lapsed" in problem(first, 503)["detail"]
+    assert again.status_code == 201
+    assert again.json() == {"run": 2}
+    assert replay.content == again.content
+    assert replay.headers["idempotent-replayed"] == "true"
 
 
 def test_redis_lost_mid_request_still_answers_marked_unstored(framework: str, redis_server_binary: str) -> None:

@@ -60,6 +60,11 @@ DRIVER: list[tuple[str, str]] = [
     ("return self._acquire(None)", "return await self._acquire(None)"),
     ("        self._complete(value, None)", "        await self._complete(value, None)"),
     ("    send_direct,\n", "    send_direct_async,\n"),
+    ("    to_the_end,\n", "    to_the_end_async,\n"),
+    ("    def _give_back(", "    async def _give_back("),
+    ("            to_the_end(self.release())", "            await to_the_end_async(self.release())"),
+    ("            self._give_back()", "            await self._give_back()"),
+    ("                handle._give_back()", "                await handle._give_back()"),
     ("self._call(", "await self._call("),
     ("outcome = self.acquire()", "outcome = await self.acquire()"),
     ("_prepare(client, state)\n", "await _prepare(client, state)\n"),
@@ -143,7 +148,6 @@ FLOW: list[tuple[str, str]] = [
         "The mirror of ``_idempotent_sync.py``, which it is generated from.\n",
     ),
     ("import contextlib\n", "import asyncio\nimport contextlib\n"),
-    ("from collections.abc import Callable\n", "from collections.abc import Awaitable, Callable\n"),
     ("from ._sync import Claim\n", "from ._async import AsyncClaim\n"),
     ("KeepAlive", "AsyncKeepAlive"),
     ("claim: Claim", "claim: AsyncClaim"),
@@ -151,38 +155,19 @@ FLOW: list[tuple[str, str]] = [
     ("def call(", "async def call("),
     ("def _finish(", "async def _finish("),
     ("def store(", "async def store("),
+    ("def _keep_error(", "async def _keep_error("),
+    ("        claim.complete(spec.codec", "        await claim.complete(spec.codec"),
     ("def _release_quietly(", "async def _release_quietly("),
     ("outcome = claim._acquire(", "outcome = await claim._acquire("),
     ("outcome = claim.wait(", "outcome = await claim.wait("),
     ("_release_quietly(claim)\n", "await _release_quietly(claim)\n"),
     ("result = spec.func(*args, **kwargs)", "result = await spec.func(*args, **kwargs)"),
-    ("    _uninterrupted(lambda: claim.complete(", "    await _uninterrupted(lambda: claim.complete("),
-    ("return _uninterrupted(lambda: _finish(", "return await _uninterrupted(lambda: _finish("),
     ("        store(spec, claim, call,", "        await store(spec, claim, call,"),
     ("    store(spec, claim, call, payload", "    await store(spec, claim, call, payload"),
     ("claim._complete(payload,", "await claim._complete(payload,"),
     ("time.sleep(delay)", "await asyncio.sleep(delay)"),
-    ("_uninterrupted(claim.release)", "await _uninterrupted(claim.release)"),
-    (
-        "def _uninterrupted(work: Callable[[], T]) -> T:\n"
-        '    """Run ``work`` to its end; in the asyncio flow, through cancellations, raised once it ends."""\n'
-        "    return work()\n",
-        "async def _uninterrupted(work: Callable[[], Awaitable[T]]) -> T:\n"
-        '    """Run ``work`` to its end; in the asyncio flow, through cancellations, raised once it ends."""\n'
-        "    task = asyncio.ensure_future(work())\n"
-        "    cancelled = False\n"
-        "    while not task.done():\n"
-        "        try:\n"
-        "            # wait() leaves the task running when this caller is cancelled.\n"
-        "            await asyncio.wait((task,))\n"
-        "        except asyncio.CancelledError:\n"
-        "            cancelled = True  # a timeout or a client gone: the work ends first\n"
-        "    if cancelled:\n"
-        "        if not task.cancelled():\n"
-        "            task.exception()  # retrieved: the cancellation is what the caller gets\n"
-        "        raise asyncio.CancelledError\n"
-        "    return task.result()\n",
-    ),
+    ("from ._server import to_the_end\n", "from ._server import to_the_end_async\n"),
+    ("to_the_end(", "await to_the_end_async("),
 ]
 
 # (source, target, replacements)
