@@ -1,19 +1,46 @@
-"""Lease renewal while work runs, at no thread or task per claim.
-
-Sync claims share one daemon thread per process that keeps a deadline heap of
-the leases it renews; asyncio claims use their event loop's own timer heap
-(``loop.call_at``), one timer per claim, and spend a task only while a renewal
-is on the wire. Entering or leaving a keep-alive costs a few microseconds: a
-heap push and a flag (sync), a timer scheduled and cancelled (asyncio).
+"""Lease renewal while work runs: isolated per server, bounded by the lease, pipelined.
 
 Every ``interval`` seconds (a third of the lease by default) each claim is
-extended. A renewal that finds the claim no longer held stops and sets ``lost``;
-a transient failure (a dropped connection) is retried at the next tick rather
-than raised into the void.
+extended. Renewals due together on one client (on a cluster: one node) go out
+as one pipeline of EXTEND scripts, one round trip for all of them. A renewal
+that hangs or is slow on one client or node never delays renewals on another:
 
-Sync ``@idempotent`` begins its keep-alive while the claim is still on the
-wire, so the registration costs no time of its own; until the claim is known to
-be held (armed), a renewal that finds another holder is no loss, only too early.
+- Sync claims share one scheduler thread per process that keeps a deadline heap
+  and never touches the network. It hands due renewals to a *lane*, one per
+  client (per node on a cluster), whose own thread sends them; a lane with a
+  round trip still out queues what comes due meanwhile and sends it as the
+  next pipeline. Lanes are made on first use and end when idle.
+- asyncio claims keep one timer each on their event loop (``loop.call_at``);
+  the claims of one lane that come due in the same loop iteration share one
+  task and one pipeline.
+
+Each renewal is bounded by the lease it has left: the lease is known to last
+until the last successful renewal was *sent* plus the lease (the server set it
+later than that), less a small margin. A renewal still unanswered then is given
+up and the claim marked ``lost``; so is a claim whose renewals keep failing
+until then. A lost claim is renewed no more; its ``complete()`` still stores the
+result if nobody claimed the key meanwhile, and raises ``ClaimLostError``
+otherwise. A renewal that finds the claim no longer held also sets ``lost``; a
+transient failure (a dropped connection) is retried sooner than a tick, while
+the lease lasts.
+
+A sync lane stuck on a dead connection cannot be interrupted (redis-py's
+default ``socket_timeout`` is ``None``); once it has cost a claim its lease, the
+lane is set aside and the next renewals of its client go out on a new lane and
+connection, so a single black-holed connection does not keep a client's claims
+lost forever. At most one lane per client or node is set aside at a time.
+
+Entering or leaving a keep-alive costs a few microseconds: a heap push and a
+flag (sync), a timer scheduled and cancelled (asyncio). Sync ``@idempotent``
+begins its keep-alive while the claim is still on the wire, so the registration
+costs no time of its own; until the claim is known to be held (armed), a
+renewal that finds another holder is no loss, only too early.
+
+Not guaranteed: the lease's start is taken as the keep-alive's start (for
+``@idempotent``, the moment the claim was sent), so a claim acquired long before
+its ``with claim.keep_alive():`` block has less lease left than assumed; and a
+renewal is "on schedule" to within the scheduler's coalescing of ``COALESCE``
+seconds (it may come that much early, never late because of another server).
 """
 
 from __future__ import annotations
@@ -21,20 +48,77 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import os
 import threading
 import time
+import weakref
+from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final, Union
 
-from ._core import renew_interval
+import redis.asyncio.cluster
+import redis.cluster
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+from ._core import EXTEND, renew_interval, script_command
 from ._errors import ClaimLostError, GoblinClaimError
+from ._server import translate
 
 if TYPE_CHECKING:
     from ._async import AsyncClaim
     from ._sync import Claim
 
-__all__ = ["AsyncKeepAlive", "KeepAlive"]
+    # What one renewal came to: renewed (True), not held (False), or a failure.
+    Outcome = Union[bool, GoblinClaimError]  # noqa: UP007 -- a run-time alias on 3.10
+
+__all__ = ["COALESCE", "AsyncKeepAlive", "KeepAlive", "lease_margin", "retry_delay"]
+
+# Renewals due within this many seconds of each other go out together: a claim
+# may be renewed this much early, so claims that entered at different moments
+# fall into one pipeline and then stay together (each is rescheduled from its
+# batch's send time).
+COALESCE: Final = 0.02
+# A lane thread with nothing to send for this long ends (a new one is made on demand).
+_IDLE: Final = 10.0
+
+
+# --------------------------------------------------------------------------- the schedule (pure)
+
+
+def lease_margin(lease: int) -> float:
+    """Seconds before the estimated lapse at which an unanswered renewal is given up.
+
+    A twentieth of the lease, at most a quarter second: the claim is declared
+    lost slightly before the server could let it go, never after.
+    """
+    return min(0.25, lease / 20)
+
+
+def retry_delay(interval: float, left: float) -> float:
+    """Seconds until a failed renewal is tried again, with ``left`` seconds of lease remaining.
+
+    Sooner than a tick (a third of what is left, at least 50 ms): waiting a whole
+    interval after a failure would leave a single try before the lease lapses.
+    """
+    return min(interval, max(0.05, left / 3))
+
+
+def _renewed(claims: Sequence[Claim | AsyncClaim]) -> list[tuple[str | bytes | int, ...]]:
+    """The EXTEND commands that renew ``claims`` to their full lease."""
+    return [script_command(EXTEND, (c.claim_key, c.token, c.lease)) for c in claims]
+
+
+def _read(claim: Claim | AsyncClaim, reply: object) -> Outcome:
+    """One EXTEND reply: 1 renewed, 0 not held; an error reply becomes the driver's error."""
+    if isinstance(reply, (RedisError, RedisClusterException)):
+        return translate(reply, claim.key, claim.claim_key)
+    return bool(reply)
+
+
+def _batch_failed(claims: Sequence[Claim | AsyncClaim], exc: RedisError | RedisClusterException) -> list[Outcome]:
+    """Every claim's outcome when the whole round trip failed (a dropped connection, a timeout)."""
+    return [translate(exc, c.key, c.claim_key) for c in claims]
 
 
 class _Renewal:
@@ -42,8 +126,9 @@ class _Renewal:
 
     Attributes:
         interval: Seconds between renewals.
-        lost: Set when a renewal found the claim gone; ``complete()`` then stores
-            the result only if nobody claimed the key since.
+        lost: Set when a renewal found the claim gone, or could not be made
+            before the lease lapsed; ``complete()`` then stores the result only
+            if nobody claimed the key since.
         renewals: How many renewals succeeded.
     """
 
@@ -52,10 +137,18 @@ class _Renewal:
         self.lost = False
         self.renewals = 0
         self._stopped = False
+        self._margin = lease_margin(claim.lease)
+        # When the lease is known to lapse (monotonic clock); set when renewing begins.
+        self._deadline = math.inf
+        # The last failed renewal's error (translated), for a look while debugging.
+        self._error: GoblinClaimError | None = None
+
+
+# --------------------------------------------------------------------------- sync
 
 
 class KeepAlive(_Renewal):
-    """Renews a ``Claim``'s lease from the process's renewer thread while the ``with`` block runs."""
+    """Renews a ``Claim``'s lease from the process's renewer while the ``with`` block runs."""
 
     def __init__(self, claim: Claim, interval: float | None = None) -> None:
         super().__init__(claim, interval)
@@ -64,6 +157,13 @@ class KeepAlive(_Renewal):
         # False while the claim may not be held yet (``_early``): a renewal that
         # finds another holder then means nothing.
         self._armed = True
+        # The heap time the scheduler acts on for this keep-alive; heap entries
+        # with another time are stale and skipped.
+        self._next = math.inf
+        # True from hand-off to a lane until its reply is read: ``_next`` is then
+        # the moment the renewal is given up.
+        self._sending = False
+        self._wire: _Lane | None = None  # the lane whose round trip carries this renewal
 
     def __enter__(self) -> KeepAlive:
         self._begin()
@@ -94,54 +194,113 @@ class KeepAlive(_Renewal):
             if self._number >= 0:
                 _renewer().discard(self)
 
-    def _renew(self) -> bool:
-        """One renewal, on the renewer thread; whether to renew again."""
-        try:
-            self._claim.extend()
-        except ClaimLostError:
-            if not self._armed:
-                return True  # not this handle's claim yet: the next tick looks again
-            self.lost = True
-            return False
-        except GoblinClaimError:
-            return True  # transient: the next tick tries again while the lease lasts
-        self.renewals += 1
-        return True
+
+class _Lane:
+    """One client's (or cluster node's) renewals: a thread sending them a pipeline at a time.
+
+    Its fields are guarded by the renewer's lock, which its condition shares.
+    """
+
+    def __init__(self, key: tuple[int, str], client: Any, lock: threading.Lock) -> None:
+        self.key = key
+        self.client = client  # a redis.Redis, or a cluster node's connection
+        self.wake = threading.Condition(lock)
+        self.pending: list[KeepAlive] = []
+        self.retired = False  # set aside, stuck on the wire; its thread ends when the reply comes
+
+
+def _lane_target(claim: Claim) -> tuple[tuple[int, str], Any]:
+    """The lane ``claim``'s renewals take, and the client its pipelines go through.
+
+    A cluster client's lanes are its nodes: a pipeline of keys on one node is one
+    round trip, and a stalled node stalls only its own lane.
+    """
+    client = claim._client
+    if isinstance(client, redis.cluster.RedisCluster):
+        node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]
+        if node is not None and node.redis_connection is not None:
+            return (id(client), node.name), node.redis_connection
+    return (id(client), ""), client
+
+
+def _send_sync(client: Any, claims: Sequence[Claim]) -> list[Outcome]:
+    """Renew ``claims`` in one pipeline on ``client``, in order; nothing raised."""
+    try:
+        replies = _pipelined(client, _renewed(claims))
+        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if again:
+            # A flushed or restarted server: EVAL runs the script and caches it again.
+            sources = [script_command(EXTEND, (c.claim_key, c.token, c.lease), source=True) for c in claims]
+            for i, reply in zip(again, _pipelined(client, [sources[i] for i in again]), strict=True):
+                replies[i] = reply
+    except (RedisError, RedisClusterException) as exc:
+        return _batch_failed(claims, exc)
+    except Exception as exc:  # a client of another make: still no reason to end the lane
+        return [GoblinClaimError(f"cannot renew {c.key!r}: {exc!r}", key=c.key) for c in claims]
+    outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, GoblinClaimError) and isinstance(claims[i]._client, redis.cluster.RedisCluster):
+            # MOVED, ASK (a slot migrating): the handle's own path follows redirections.
+            outcomes[i] = _extend_one(claims[i])
+    return outcomes
+
+
+def _extend_one(claim: Claim) -> Outcome:
+    try:
+        claim.extend()
+    except ClaimLostError:
+        return False
+    except GoblinClaimError as exc:
+        return exc
+    return True
+
+
+def _pipelined(client: Any, commands: Sequence[tuple[str | bytes | int, ...]]) -> list[object]:
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    replies: list[object] = pipe.execute(raise_on_error=False)
+    return replies
 
 
 class _Renewer:
-    """One daemon thread renewing every registered ``KeepAlive`` at its deadline.
+    """One scheduler thread for every registered ``KeepAlive``, handing due renewals to lanes.
 
-    The heap holds ``(deadline, number)`` pairs and ``live`` maps a number to its
-    keep-alive. Leaving drops the keep-alive from ``live`` at once, so the claim
-    and its handle die young (nothing for the garbage collector to promote); the
-    pair left in the heap is skipped when it comes up, and the heap is rebuilt
-    when such leftovers outnumber the live entries.
+    The heap holds ``(time, number)`` pairs and ``live`` maps a number to its
+    keep-alive; a pair acts only while its time is the keep-alive's ``_next``.
+    At that time a keep-alive waiting for its tick is handed to its lane, and one
+    whose renewal is still out (``_sending``) is lost. Leaving drops the
+    keep-alive from ``live`` at once, so the claim and its handle die young;
+    stale pairs are skipped when they come up, and the heap is rebuilt when they
+    outnumber the live entries.
     """
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int]] = []
         self._live: dict[int, KeepAlive] = {}
         self._numbers = itertools.count()
-        self._wake = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
-        # The deadline the thread sleeps towards: it is woken only for an earlier
+        self._lanes: dict[tuple[int, str], _Lane] = {}
+        # Lanes set aside while stuck on the wire, per lane key (at most one each).
+        self._stuck: set[tuple[int, str]] = set()
+        # The time the thread sleeps towards: it is woken only for an earlier
         # one, so a claim entering costs no thread switch (about once per interval).
-        self._sleeping_until = float("inf")
+        self._sleeping_until = math.inf
 
     def add(self, keeper: KeepAlive) -> None:
-        deadline = time.monotonic() + keeper.interval
+        now = time.monotonic()
         with self._wake:
             keeper._number = number = next(self._numbers)
+            keeper._deadline = now + keeper._claim.lease
             self._live[number] = keeper
-            heapq.heappush(self._heap, (deadline, number))
+            self._push(keeper, now + keeper.interval)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="goblin-claim renewer", daemon=True)
                 self._thread.start()
-            elif deadline < self._sleeping_until:
-                self._wake.notify()
-            elif len(self._heap) > 64 and len(self._heap) > 2 * len(self._live):
-                self._heap = [entry for entry in self._heap if entry[1] in self._live]
+            elif len(self._heap) > 64 and len(self._heap) > 3 * len(self._live):
+                self._heap = [e for e in self._heap if (k := self._live.get(e[1])) is not None and k._next == e[0]]
                 heapq.heapify(self._heap)
 
     def discard(self, keeper: KeepAlive) -> None:
@@ -149,37 +308,139 @@ class _Renewer:
         with self._wake:
             self._live.pop(keeper._number, None)
 
-    def _next_due(self) -> KeepAlive:
-        with self._wake:
-            while True:
-                if not self._heap:
-                    self._sleeping_until = float("inf")
-                    self._wake.wait()
-                    continue
-                deadline, number = self._heap[0]
-                delay = deadline - time.monotonic()
-                if delay > 0:
-                    # Left-over pairs are not popped early: sleeping towards one costs
-                    # nothing, while an empty heap would need a wake-up for the next claim.
-                    self._sleeping_until = deadline
-                    self._wake.wait(delay)
-                    continue
-                heapq.heappop(self._heap)
-                keeper = self._live.get(number)
-                if keeper is not None:
-                    self._sleeping_until = float("-inf")  # awake: nobody needs to wake it
-                    return keeper
+    def _push(self, keeper: KeepAlive, at: float) -> None:
+        """Act on ``keeper`` at ``at`` (lock held), waking the scheduler if that is sooner."""
+        keeper._next = at
+        heapq.heappush(self._heap, (at, keeper._number))
+        if at < self._sleeping_until:
+            self._wake.notify()
 
     def _run(self) -> None:
-        while True:
-            keeper = self._next_due()
-            # Outside the lock: a slow renewal must not block claims entering or leaving.
-            if keeper._renew() and not keeper._stopped:
-                with self._wake:
-                    if keeper._number in self._live:
-                        heapq.heappush(self._heap, (time.monotonic() + keeper.interval, keeper._number))
-            elif not keeper._stopped:
-                self.discard(keeper)  # lost: nothing more to renew
+        with self._wake:
+            while True:
+                now = time.monotonic()
+                early: list[tuple[float, int]] = []
+                while self._heap and self._heap[0][0] <= now + COALESCE:
+                    at, number = heapq.heappop(self._heap)
+                    keeper = self._live.get(number)
+                    if keeper is None or keeper._next != at:
+                        continue  # left or rescheduled
+                    if not keeper._sending:
+                        self._hand_off(keeper, now)
+                    elif at > now:
+                        early.append((at, number))  # a give-up is never brought forward
+                    else:
+                        self._give_up(keeper)
+                for entry in early:
+                    heapq.heappush(self._heap, entry)
+                if self._heap:
+                    self._sleeping_until = self._heap[0][0]
+                    self._wake.wait(self._heap[0][0] - now)
+                else:
+                    self._sleeping_until = math.inf
+                    self._wake.wait()
+                self._sleeping_until = -math.inf  # awake: nobody needs to wake it
+
+    def _hand_off(self, keeper: KeepAlive, now: float) -> None:
+        """Queue ``keeper``'s renewal on its lane; give it up at its lease's end (lock held)."""
+        claim = keeper._claim
+        try:
+            key, client = _lane_target(claim)
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = _Lane(key, client, self._lock)
+                thread = threading.Thread(target=self._work, args=(lane,), name="goblin-claim renewal lane")
+                thread.daemon = True
+                thread.start()
+                self._lanes[key] = lane
+        except (RedisError, RedisClusterException) as exc:  # no node covers the slot now
+            self._settle(keeper, translate(exc, claim.key, claim.claim_key), now, now)
+            return
+        except Exception as exc:  # no thread to be had: the scheduler must live on, and retry
+            self._settle(keeper, GoblinClaimError(f"cannot renew {claim.key!r} now: {exc}", key=claim.key), now, now)
+            return
+        keeper._sending = True
+        keeper._next = keeper._deadline - keeper._margin
+        heapq.heappush(self._heap, (keeper._next, keeper._number))
+        lane.pending.append(keeper)
+        lane.wake.notify()
+
+    def _give_up(self, keeper: KeepAlive) -> None:
+        """The lease lapsed while ``keeper``'s renewal was still out: lost (lock held)."""
+        self._lose(keeper)
+        lane = keeper._wire
+        if lane is not None and not lane.retired and lane.key not in self._stuck:
+            # Stuck on the wire for a whole lease: later renewals take a new connection.
+            lane.retired = True
+            self._stuck.add(lane.key)
+            if self._lanes.get(lane.key) is lane:
+                del self._lanes[lane.key]
+            for waiting in lane.pending:
+                waiting._sending = False
+                self._push(waiting, time.monotonic())
+            lane.pending = []
+
+    def _work(self, lane: _Lane) -> None:
+        """A lane's thread: send what is pending, one pipeline at a time, until idle."""
+        with self._wake:
+            while True:
+                while not lane.pending and not lane.retired:
+                    if not lane.wake.wait(_IDLE) and not lane.pending:
+                        if self._lanes.get(lane.key) is lane:
+                            del self._lanes[lane.key]
+                        return
+                if lane.retired and not lane.pending:
+                    return
+                # Left or lost while queued: nothing to renew.
+                batch = [k for k in lane.pending if k._sending and self._live.get(k._number) is k]
+                lane.pending = []
+                if not batch:
+                    continue
+                for keeper in batch:
+                    keeper._wire = lane
+                sent_at = time.monotonic()
+                self._lock.release()
+                try:
+                    outcomes = _send_sync(lane.client, [keeper._claim for keeper in batch])
+                finally:
+                    self._lock.acquire()
+                now = time.monotonic()
+                for keeper, outcome in zip(batch, outcomes, strict=True):
+                    keeper._wire = None
+                    if keeper._sending and self._live.get(keeper._number) is keeper:
+                        self._settle(keeper, outcome, sent_at, now)
+                if lane.retired:
+                    self._stuck.discard(lane.key)
+                    for waiting in lane.pending:  # none expected: retiring moved them
+                        waiting._sending = False
+                        self._push(waiting, now)
+                    return
+
+    def _settle(self, keeper: KeepAlive, outcome: Outcome, sent_at: float, now: float) -> None:
+        """Act on one renewal's outcome (lock held)."""
+        keeper._sending = False
+        if outcome is True:
+            keeper.renewals += 1
+            keeper._deadline = sent_at + keeper._claim.lease
+            self._push(keeper, sent_at + keeper.interval)
+        elif outcome is False:
+            if keeper._armed:
+                self._lose(keeper)
+            else:
+                self._push(keeper, now + keeper.interval)  # not this handle's claim yet
+        else:
+            keeper._error = outcome
+            left = keeper._deadline - keeper._margin - now
+            if left <= 0:
+                self._lose(keeper)  # failed until the lease ran out
+            else:
+                self._push(keeper, now + retry_delay(keeper.interval, left))
+
+    def _lose(self, keeper: KeepAlive) -> None:
+        """Mark ``keeper`` lost and renew it no more (lock held)."""
+        keeper.lost = True
+        keeper._stopped = True
+        self._live.pop(keeper._number, None)
 
 
 _RENEWER = _Renewer()
@@ -190,23 +451,154 @@ def _renewer() -> _Renewer:
 
 
 def _new_renewer() -> None:
-    # A forked child has no renewer thread and must not share its parent's heap.
+    # A forked child has no renewer or lane threads and must not share its parent's heap.
     global _RENEWER
     _RENEWER = _Renewer()
+    _ASYNC_LANES.clear()
+
+
+# --------------------------------------------------------------------------- asyncio
+
+
+class _AsyncBatch:
+    """The renewals of one lane due in one loop iteration: one task, one pipeline."""
+
+    def __init__(self, keepers: list[AsyncKeepAlive]) -> None:
+        self.keepers = keepers
+        self.members = set(keepers)  # those still waiting for it
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        keepers = [k for k in self.keepers if not k._stopped]
+        for keeper in [k for k in keepers if now >= k._deadline - k._margin]:
+            keeper._settle(None, now, now)  # no lease left to renew in
+        keepers = [k for k in keepers if not k._stopped]
+        if not keepers:
+            return
+        # Bounded by the shortest lease left in the batch: no renewal outlives its lease.
+        budget = min(k._deadline - k._margin for k in keepers) - now
+        claims = [k._claim for k in keepers]
+        outcomes: Sequence[Outcome | None]
+        try:
+            outcomes = await asyncio.wait_for(_send_async(claims), budget)
+        except asyncio.TimeoutError:
+            # redis-py disconnects a connection whose read was cancelled, so the
+            # late reply is never read as the answer to another command.
+            outcomes = [None] * len(keepers)
+        done = loop.time()
+        for keeper, outcome in zip(keepers, outcomes, strict=True):
+            keeper._settle(outcome, now, done)
+
+
+async def _send_async(claims: Sequence[AsyncClaim]) -> list[Outcome]:
+    """Renew ``claims`` (all of one client, one node) in one pipeline, in order; nothing raised."""
+    client = claims[0]._client
+    try:
+        replies = await _pipelined_async(client, _renewed(claims))
+        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if again:
+            # A flushed or restarted server: EVAL runs the script and caches it again.
+            sources = [script_command(EXTEND, (c.claim_key, c.token, c.lease), source=True) for c in claims]
+            for i, reply in zip(again, await _pipelined_async(client, [sources[i] for i in again]), strict=True):
+                replies[i] = reply
+    except (RedisError, RedisClusterException) as exc:
+        return _batch_failed(claims, exc)
+    except Exception as exc:  # a client of another make: the claims must still be rescheduled
+        return [GoblinClaimError(f"cannot renew {c.key!r}: {exc!r}", key=c.key) for c in claims]
+    outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, GoblinClaimError) and isinstance(client, redis.asyncio.cluster.RedisCluster):
+            # MOVED, ASK (a slot migrating): the handle's own path follows redirections.
+            outcomes[i] = await _extend_one_async(claims[i])
+    return outcomes
+
+
+async def _extend_one_async(claim: AsyncClaim) -> Outcome:
+    try:
+        await claim.extend()
+    except ClaimLostError:
+        return False
+    except GoblinClaimError as exc:
+        return exc
+    return True
+
+
+async def _pipelined_async(client: Any, commands: Sequence[tuple[str | bytes | int, ...]]) -> list[object]:
+    # On a cluster the pipeline routes each command by its key; a batch holds one node's keys.
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    replies: list[object] = await pipe.execute(raise_on_error=False)
+    return replies
+
+
+def _async_lane_key(claim: AsyncClaim) -> tuple[int, str]:
+    client = claim._client
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        try:
+            node = client.get_node_from_key(claim.claim_key)
+        except (RedisError, RedisClusterException):
+            node = None
+        if node is not None:
+            return id(client), node.name
+    return id(client), ""
+
+
+class _AsyncLanes:
+    """One event loop's renewals being gathered: per lane, the keep-alives due this iteration."""
+
+    # No reference to the loop itself: the loop is this object's weak key.
+    def __init__(self) -> None:
+        self.gathering: dict[tuple[int, str], list[AsyncKeepAlive]] = {}
+
+    def due(self, keeper: AsyncKeepAlive, loop: asyncio.AbstractEventLoop) -> None:
+        key = _async_lane_key(keeper._claim)
+        batch = self.gathering.get(key)
+        if batch is None:
+            # Timers due in this iteration all run before this callback does.
+            self.gathering[key] = batch = []
+            loop.call_soon(self.flush, key, loop)
+        batch.append(keeper)
+
+    def flush(self, key: tuple[int, str], loop: asyncio.AbstractEventLoop) -> None:
+        keepers = [k for k in self.gathering.pop(key) if not k._stopped]
+        if not keepers:
+            return
+        batch = _AsyncBatch(keepers)
+        batch.task = loop.create_task(batch.run(loop), name=f"goblin-claim renewal of {len(keepers)} claims")
+        for keeper in keepers:
+            keeper._batch = batch
+
+
+_ASYNC_LANES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncLanes] = weakref.WeakKeyDictionary()
+
+
+def _async_lanes(loop: asyncio.AbstractEventLoop) -> _AsyncLanes:
+    lanes = _ASYNC_LANES.get(loop)
+    if lanes is None:
+        lanes = _ASYNC_LANES[loop] = _AsyncLanes()
+    return lanes
 
 
 os.register_at_fork(after_in_child=_new_renewer)
 
 
+def _on_grid(at: float) -> float:
+    """``at`` brought forward to the coalescing grid, so timers due together fire together."""
+    return math.floor(at / COALESCE) * COALESCE
+
+
 class AsyncKeepAlive(_Renewal):
-    """Renews an ``AsyncClaim``'s lease from its event loop's timers while the ``async with`` block runs."""
+    """Renews an ``AsyncClaim``'s lease from its event loop while the ``async with`` block runs."""
 
     def __init__(self, claim: AsyncClaim, interval: float | None = None) -> None:
         super().__init__(claim, interval)
         self._claim = claim
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._batch: _AsyncBatch | None = None
+        self._cancelled: asyncio.Task[None] | None = None  # a batch task this keep-alive ended
 
     async def __aenter__(self) -> AsyncKeepAlive:
         self._begin()
@@ -216,7 +608,7 @@ class AsyncKeepAlive(_Renewal):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._end()
-        task = self._task
+        task = self._cancelled
         if task is not None and not task.done():
             # gather() reports the renewal's own cancellation as a value, while a
             # cancellation of the task running this block still propagates.
@@ -231,29 +623,49 @@ class AsyncKeepAlive(_Renewal):
         """Start renewing, once; runs in the event loop's thread."""
         if self._loop is None:
             self._loop = loop = asyncio.get_running_loop()
-            self._timer = loop.call_at(loop.time() + self.interval, self._due)
+            now = loop.time()
+            self._deadline = now + self._claim.lease
+            self._timer = loop.call_at(_on_grid(now + self.interval), self._due)
 
     def _end(self) -> None:
-        """Stop renewing without waiting: a renewal on the wire is cancelled (its connection is dropped)."""
+        """Stop renewing without waiting; a renewal on the wire for this claim alone is cancelled."""
         self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
+        batch = self._batch
+        if batch is not None:
+            batch.members.discard(self)
+            task = batch.task
+            if not batch.members and task is not None and not task.done():
+                task.cancel()  # redis-py drops the connection of a cancelled read
+                self._cancelled = task
 
     def _due(self) -> None:
         assert self._loop is not None
-        self._task = self._loop.create_task(self._renew(), name=f"goblin-claim renewal {self._claim.key}")
+        self._timer = None
+        if not self._stopped:
+            _async_lanes(self._loop).due(self, self._loop)
 
-    async def _renew(self) -> None:
-        try:
-            await self._claim.extend()
-        except ClaimLostError:
-            self.lost = True
+    def _settle(self, outcome: Outcome | None, sent_at: float, now: float) -> None:
+        """Act on one renewal's outcome; ``None``: given up, the lease left ran out."""
+        self._batch = None
+        if self._stopped or self._loop is None:
             return
-        except GoblinClaimError:
-            pass  # transient: the next tick tries again while the lease lasts
-        else:
+        if outcome is True:
             self.renewals += 1
-        if not self._stopped and self._loop is not None:
-            self._timer = self._loop.call_at(self._loop.time() + self.interval, self._due)
+            self._deadline = sent_at + self._claim.lease
+            at = sent_at + self.interval
+        elif outcome is False:
+            self.lost = True
+            self._stopped = True
+            return
+        else:
+            if outcome is not None:
+                self._error = outcome
+            left = self._deadline - self._margin - now
+            if left <= 0:
+                self.lost = True
+                self._stopped = True
+                return
+            at = now + retry_delay(self.interval, left)
+        self._timer = self._loop.call_at(_on_grid(at), self._due)
