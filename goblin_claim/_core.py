@@ -794,6 +794,24 @@ def renew_interval(lease: int, interval: object, key: str) -> float:
     return seconds
 
 
+def lease_margin(lease: int) -> float:
+    """Seconds before the estimated lapse at which an unanswered renewal is given up.
+
+    A twentieth of the lease, at most a quarter second: the claim is declared
+    lost slightly before the server could let it go, never after.
+    """
+    return min(0.25, lease / 20)
+
+
+def retry_delay(interval: float, left: float) -> float:
+    """Seconds until a failed renewal is tried again, with ``left`` seconds of lease remaining.
+
+    Sooner than a tick (a third of what is left, at least 50 ms): waiting a whole
+    interval after a failure would leave a single try before the lease lapses.
+    """
+    return min(interval, max(0.05, left / 3))
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with full jitter: attempt ``n`` sleeps ``uniform(0, min(cap, first * 2**n))``.

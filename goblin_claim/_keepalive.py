@@ -18,9 +18,9 @@ Each renewal is bounded by the lease it has left: the lease is known to last
 until the last successful renewal was *sent* plus the lease (the server set it
 later than that), less a small margin. A renewal still unanswered then is given
 up and the claim marked ``lost``; so is a claim whose renewals keep failing
-until then. A lost claim is renewed no more; its ``complete()`` still stores the
-result if nobody claimed the key meanwhile, and raises ``ClaimLostError``
-otherwise. A renewal that finds the claim no longer held also sets ``lost``; a
+until then. A lost claim is renewed no more; its ``complete()`` raises
+``ClaimLostError`` unless the handle is fenced and nobody claimed the key
+meanwhile. A renewal that finds the claim no longer held also sets ``lost``; a
 transient failure (a dropped connection) is retried sooner than a tick, while
 the lease lasts.
 
@@ -61,7 +61,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from ._core import EXTEND, renew_interval, script_command
+from ._core import EXTEND, lease_margin, renew_interval, retry_delay, script_command
 from ._errors import ClaimLostError, GoblinClaimError
 from ._server import translate
 
@@ -81,27 +81,6 @@ __all__ = ["COALESCE", "AsyncKeepAlive", "KeepAlive", "lease_margin", "retry_del
 COALESCE: Final = 0.02
 # A lane thread with nothing to send for this long ends (a new one is made on demand).
 _IDLE: Final = 10.0
-
-
-# --------------------------------------------------------------------------- the schedule (pure)
-
-
-def lease_margin(lease: int) -> float:
-    """Seconds before the estimated lapse at which an unanswered renewal is given up.
-
-    A twentieth of the lease, at most a quarter second: the claim is declared
-    lost slightly before the server could let it go, never after.
-    """
-    return min(0.25, lease / 20)
-
-
-def retry_delay(interval: float, left: float) -> float:
-    """Seconds until a failed renewal is tried again, with ``left`` seconds of lease remaining.
-
-    Sooner than a tick (a third of what is left, at least 50 ms): waiting a whole
-    interval after a failure would leave a single try before the lease lapses.
-    """
-    return min(interval, max(0.05, left / 3))
 
 
 def _renewed(claims: Sequence[Claim | AsyncClaim]) -> list[tuple[str | bytes | int, ...]]:

@@ -28,8 +28,8 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, idempotent
-from goblin_claim._core import EXTEND
-from goblin_claim._keepalive import COALESCE, lease_margin
+from goblin_claim._core import EXTEND, lease_margin
+from goblin_claim._keepalive import COALESCE
 from tests import servers
 from tests.conftest import IN_CI, unique
 from tests.proxy import FaultProxy
