@@ -18,10 +18,16 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --editable . --group dev
+	# arq pins redis<6 though it runs on redis-py 8 (tests/test_arq.py): installed
+	# without its pins so the suite keeps the redis-py it tests; its other needs
+	# (click, typing-extensions) come with the dev group.
+	$(BIN)/python -m pip install --quiet --no-deps "arq>=0.26,<0.29"
 	touch $@
 
 # Debian's redis-server package, installed once; the tests start their own
-# servers on free ports, so the packaged service is kept from starting.
+# servers on free ports, so the packaged service is kept from starting. The
+# Sentinel tests run `redis-server <conf> --sentinel` from this same binary, so
+# Debian's redis-sentinel package (a service wrapper around it) is not needed.
 redis-server:
 	@if command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ]; then \
 		echo "redis-server: $$(redis-server --version 2>/dev/null || /usr/bin/redis-server --version)"; \

@@ -19,10 +19,12 @@ from ._errors import (
     ResultLostError,
     ResultNotSerializableError,
     ServerError,
+    ServerUnavailableError,
     StillInFlightError,
     UnreadableResultError,
     WrongTypeError,
 )
+from ._events import add_listener, remove_listener
 from ._idempotent import idempotent
 from ._outcomes import Claimed, Completed, InFlight, Outcome
 from ._sync import Claim
@@ -46,8 +48,11 @@ __all__ = [
     "ResultLostError",
     "ResultNotSerializableError",
     "ServerError",
+    "ServerUnavailableError",
     "StillInFlightError",
     "UnreadableResultError",
     "WrongTypeError",
+    "add_listener",
     "idempotent",
+    "remove_listener",
 ]

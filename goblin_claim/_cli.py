@@ -19,6 +19,7 @@ standard library's argparse only: no run-time dependency beyond the package's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -320,6 +321,102 @@ def _eviction_findings(nodes: list[tuple[str, Any]]) -> list[Finding]:
     return findings
 
 
+def persistence_finding(node: str, appendonly: str, appendfsync: str, save: str) -> Finding:
+    """What a restart of ``node`` does to claims and results, from its persistence settings."""
+    if appendonly == "yes":
+        if appendfsync == "always":
+            return Finding("ok", f"{node}: AOF with appendfsync always: a restart or a crash keeps every write")
+        if appendfsync == "everysec":
+            return Finding(
+                "note",
+                f"{node}: AOF with appendfsync everysec: a restart or a redis-server crash keeps every write, but a "
+                "machine crash or power loss can lose the last second: completed work done then runs again",
+                "CONFIG SET appendfsync always where even that second matters (it costs write throughput)",
+            )
+        return Finding(
+            "warning",
+            f"{node}: AOF with appendfsync {appendfsync}: the OS flushes when it likes, so a machine crash can lose "
+            "many seconds of completed work, which then runs again",
+            "CONFIG SET appendfsync everysec (or always), and set it in redis.conf",
+        )
+    todo = "CONFIG SET appendonly yes and appendfsync everysec (or always), and set them in redis.conf"
+    if save.strip():
+        return Finding(
+            "problem",
+            f"{node}: RDB snapshots only (save {save}), no AOF: a restart or crash loses every write since the last "
+            "snapshot, so work completed since runs again and live claims vanish (for claims that must survive "
+            "restarts)",
+            todo,
+        )
+    return Finding(
+        "problem",
+        f"{node}: persistence is off (no AOF, no RDB): a restart forgets every claim and result, so all completed "
+        "work runs again (for claims that must survive restarts)",
+        todo,
+    )
+
+
+def min_replicas_finding(node: str, replicas: int, min_replicas: int, max_lag: int) -> Finding:
+    """Whether a primary with replicas refuses writes once cut off from them (``min-replicas-to-write``)."""
+    if min_replicas >= 1:
+        return Finding(
+            "ok",
+            f"{node}: {replicas} replica(s), min-replicas-to-write {min_replicas} (max lag {max_lag} s): cut off from "
+            "its replicas, this primary refuses writes instead of accepting claims a failover would lose",
+        )
+    return Finding(
+        "warning",
+        f"{node}: {replicas} replica(s) but min-replicas-to-write 0: a primary cut off from its replicas (frozen, "
+        "partitioned) keeps accepting claims and results until it is demoted, and the failover loses them: callers "
+        "get different answers and work runs twice",
+        "CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 2 on every data node, and use replicas=1",
+    )
+
+
+def _config(conn: Any, name: str) -> str | None:
+    try:
+        reply = conn.config_get(name)
+    except ResponseError:  # CONFIG refused by the ACL (or a managed service)
+        return None
+    return None if name not in reply else _text(reply[name])
+
+
+def _durability_findings(nodes: list[tuple[str, Any]], durable: bool) -> list[Finding]:
+    findings = []
+    for node, conn in nodes:
+        appendonly, appendfsync, save = (_config(conn, name) for name in ("appendonly", "appendfsync", "save"))
+        if appendonly is None or appendfsync is None or save is None:
+            findings.append(
+                Finding(
+                    "note",
+                    f"{node}: cannot read its persistence settings (CONFIG GET is refused)",
+                    "check by hand: appendonly yes, appendfsync everysec or always",
+                )
+            )
+        else:
+            found = persistence_finding(node, appendonly, appendfsync, save)
+            if found.level == "problem" and not durable:  # --ephemeral: forgetting on restart is accepted
+                found = Finding("note", found.what, found.todo)
+            findings.append(found)
+        try:
+            replicas = int(conn.info("replication").get("connected_slaves", 0))
+        except ResponseError:
+            continue
+        if replicas:
+            wanted, lag = _config(conn, "min-replicas-to-write"), _config(conn, "min-replicas-max-lag")
+            if wanted is None or lag is None:
+                findings.append(
+                    Finding(
+                        "note",
+                        f"{node}: {replicas} replica(s); cannot read min-replicas-to-write (CONFIG GET is refused)",
+                        "check by hand: min-replicas-to-write 1",
+                    )
+                )
+            else:
+                findings.append(min_replicas_finding(node, replicas, int(wanted), int(lag)))
+    return findings
+
+
 def _user(client: Client) -> str:
     try:
         return _text(client.execute_command("ACL WHOAMI"))
@@ -368,12 +465,178 @@ def _acl_findings(client: Client, namespace: str, native: bool) -> list[Finding]
     return [Finding("ok", f"ACL user {user!r} may run on {keys} keys: {', '.join(dict.fromkeys(allowed))}")]
 
 
+# What each operation sends, by path. The script path needs EVALSHA and EVAL (EVAL for a cold
+# script cache and a batch's recoveries) and every command its scripts call; the native path
+# needs the module's command, and a claim that finds the key held reads it with peek.lua.
+# Publishing and subscribing only wake waiters, who poll without them: never a problem.
+_WAKE = frozenset({"publish", "spublish", "subscribe", "ssubscribe"})
+_SHARDED = frozenset({"spublish", "ssubscribe"})  # what a cluster client sends instead
+_OPERATIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    # (operation, its scripts, its native commands (scripts then only for peek), its wake-up commands)
+    ("claim", ("claim",), ("goblin.claim", "@peek"), ()),
+    ("complete", ("complete",), (), ("publish",)),
+    ("wait and its wake-up", ("claim",), ("goblin.claim", "@peek"), ("subscribe",)),
+    ("extend (and keep-alive)", ("extend",), (), ()),
+    ("release", ("release",), ("goblin.cad",), ("publish",)),
+    ("forget", ("forget",), (), ("publish",)),
+    ("batch (acquire_many)", ("claim",), ("goblin.claim", "@peek"), ()),
+)
+
+
+def script_commands(name: str) -> frozenset[str]:
+    """The commands the named script calls (read from its source), lower case."""
+    source = next(script.source for script in SCRIPTS if script.name == name)
+    called = {match.lower() for match in re.findall(r"redis\.p?call\(\s*[\"'](\w+)[\"']", source)}
+    if re.search(r"[\"']s?publish[\"']", source):  # the wake-up, called by a name the caller passes
+        called |= {"publish", "spublish"}
+    return frozenset(called)
+
+
+def operation_needs(native: bool, sharded: bool = False) -> list[tuple[str, frozenset[str], frozenset[str]]]:
+    """(operation, the commands it needs, its wake-up commands) on the script or native path."""
+    rows = []
+    for operation, scripts, native_commands, wake in _OPERATIONS:
+        needs: set[str] = set()
+        if native and native_commands:
+            needs.update(command for command in native_commands if not command.startswith("@"))
+            if "@peek" in native_commands:
+                needs.update({"evalsha", "eval"} | script_commands("peek"))
+        else:
+            needs.update({"evalsha", "eval"})
+            for script in scripts:
+                needs.update(script_commands(script))
+        woken = {("s" + command if sharded else command) for command in wake}
+        woken.update(needs & _WAKE)  # a script that announces: still only a wake-up
+        woken = {command for command in woken if (command in _SHARDED) == sharded}
+        rows.append((operation, frozenset(needs - _WAKE), frozenset(woken)))
+    return rows
+
+
+def _probe(client: Client, command: str, key: str) -> str | None:
+    """Run a harmless form of ``command`` on ``key`` as this user: ``None`` if allowed, else why not."""
+    forms: dict[str, Callable[[], object]] = {
+        "get": lambda: client.get(key),
+        "set": lambda: client.set(key, "doctor", ex=10),
+        "pttl": lambda: client.pttl(key),
+        "expire": lambda: client.expire(key, 10),
+        "del": lambda: client.delete(key),
+        "strlen": lambda: client.strlen(key),
+        "time": lambda: client.execute_command("TIME"),
+        "exists": lambda: client.exists(key),
+        "eval": lambda: client.eval("return 1", 1, key),
+        "evalsha": lambda: client.evalsha(next(s.sha for s in SCRIPTS if s.name == "peek"), 2, key, key),
+        "wait": lambda: client.execute_command("WAIT", 0, 1),
+        "publish": lambda: client.publish(key, "doctor"),
+        "spublish": lambda: client.spublish(key, "doctor"),
+        "goblin.cad": lambda: client.execute_command("GOBLIN.CAD", key, "doctor"),
+        "goblin.claim": lambda: client.execute_command("GOBLIN.CLAIM", key, key, "doctor", 10),
+        "subscribe": lambda: _probe_subscribe(client, key, sharded=False),
+        "ssubscribe": lambda: _probe_subscribe(client, key, sharded=True),
+    }
+
+    def fallback() -> object:
+        return client.execute_command(command.upper(), key)
+
+    run = forms.get(command, fallback)
+    try:
+        run()
+    except NoPermissionError as exc:
+        return _short(exc)
+    except ResponseError as exc:
+        text = str(exc)
+        if "NOPERM" in text or "no permissions" in text.lower() or "can't run this command" in text:
+            return _short(exc)
+        return None  # refused for another reason (NOSCRIPT, a wrong type): the permission is there
+    except (RedisError, RedisClusterException):  # not an ACL answer (routing, a dropped connection)
+        return None
+    finally:
+        with contextlib.suppress(RedisError, RedisClusterException):
+            if command in ("set", "goblin.claim"):
+                client.delete(key)
+    return None
+
+
+def _probe_subscribe(client: Client, channel: str, sharded: bool) -> None:
+    if isinstance(client, redis.cluster.RedisCluster):  # the node that owns the channel's slot, plainly
+        cluster: Any = client  # redis-py leaves get_node_from_key untyped
+        client = cluster.get_redis_connection(cluster.get_node_from_key(channel))
+    pubsub = client.pubsub()
+    try:
+        (pubsub.ssubscribe if sharded else pubsub.subscribe)(channel)
+        deadline = 20
+        while deadline:  # the confirmation (or the refusal) comes back as a message
+            message = pubsub.get_message(timeout=0.1)
+            if message is not None:
+                return
+            deadline -= 1
+    finally:
+        pubsub.close()
+
+
+def acl_operation_findings(
+    lacking: dict[str, str], user: str, keys: str, native: bool, sharded: bool = False
+) -> list[Finding]:
+    """Per operation, what the user lacks (``lacking``: command -> the refusal), on the script and native paths."""
+    findings: list[Finding] = []
+    paths = [(False, "scripts")] + ([(True, "native")] if native else [])
+    wake_missing: dict[str, set[str]] = {}
+    for use_native, label in paths:
+        problems = []
+        for operation, needs, wake in operation_needs(use_native, sharded):
+            missing = sorted(needs & lacking.keys())
+            if missing:
+                problems.append(f"{operation} lacks {' '.join(missing)}")
+            for command in wake & lacking.keys():
+                wake_missing.setdefault(command, set()).add(operation)
+        if problems:
+            grant = sorted({command for row in operation_needs(use_native, sharded) for command in row[1]})
+            findings.append(
+                Finding(
+                    "problem",
+                    f"ACL user {user!r} on the {label} path: " + "; ".join(problems),
+                    f"grant ~{keys} " + " ".join(f"+{command}" for command in grant),
+                )
+            )
+    for command, operations in sorted(wake_missing.items()):
+        findings.append(
+            Finding(
+                "note",
+                f"ACL user {user!r} may not {command.upper()} ({lacking[command]}): waiters are not woken early "
+                f"({', '.join(sorted(operations))}); they poll instead, nothing fails",
+                f"optional: grant +{command} and &{keys} to wake waiters at once",
+            )
+        )
+    if "wait" in lacking:
+        findings.append(
+            Finding(
+                "note",
+                f"ACL user {user!r} may not WAIT ({lacking['wait']}): claims with replicas= fail",
+                "grant +wait if you use replicas=",
+            )
+        )
+    if not findings:
+        findings.append(Finding("ok", f"ACL user {user!r} may send every command each operation needs"))
+    return findings
+
+
+def _acl_operation_findings(client: Client, namespace: str, native: bool, cluster: bool) -> list[Finding]:
+    user = _user(client)
+    key = build_keys(namespace, f"goblin-doctor-{secrets.token_hex(6)}")[0]
+    commands = {"wait"} | {command for _op, needs, wake in operation_needs(False, cluster) for command in needs | wake}
+    if native:
+        commands |= {command for _op, needs, _wake in operation_needs(True, cluster) for command in needs}
+    lacking = {command: why for command in sorted(commands) if (why := _probe(client, command, key)) is not None}
+    return acl_operation_findings(lacking, user, f"{namespace}:*", native, sharded=cluster)
+
+
 def _expect(outcome: object, kind: type) -> None:
     if not isinstance(outcome, kind):
         raise GoblinClaimError(f"expected {kind.__name__}, got {outcome!r}")
 
 
-def doctor(client: Client, cluster: bool, namespace: str = "goblin", write: bool = True) -> list[Finding]:
+def doctor(
+    client: Client, cluster: bool, namespace: str = "goblin", write: bool = True, durable: bool = True
+) -> list[Finding]:
     """Everything ``goblin-claim doctor`` checks, as findings.
 
     Args:
@@ -381,6 +644,7 @@ def doctor(client: Client, cluster: bool, namespace: str = "goblin", write: bool
         cluster: Whether ``client`` is a cluster client.
         namespace: The namespace whose keys the ACL check writes under (one scratch claim, 10 s TTL).
         write: Whether to run that check (it writes and deletes a scratch key pair).
+        durable: Whether claims must survive a restart; ``False`` makes persistence off a note.
     """
     nodes = _primaries(client, cluster)
     findings = _server_findings(nodes, cluster)
@@ -388,8 +652,10 @@ def doctor(client: Client, cluster: bool, namespace: str = "goblin", write: bool
     findings.append(native)
     findings += _script_findings(client, cluster)
     findings += _eviction_findings(nodes)
+    findings += _durability_findings(nodes, durable)
     if write:
         findings += _acl_findings(client, namespace, native.level == "ok")
+        findings += _acl_operation_findings(client, namespace, native.level == "ok", cluster)
     else:
         findings.append(Finding("note", "ACL not checked (--no-write)", "run doctor without --no-write to check it"))
     findings.append(pubsub_metrics_finding(*_observability_config()))
@@ -901,13 +1167,20 @@ def _parser() -> argparse.ArgumentParser:
         help="check that a server is ready for goblin-claim",
         description="Check a server: native GOBLIN.CLAIM / GOBLIN.CAD, the Lua scripts, cluster or not, whether "
         "maxmemory-policy can evict results, and what the connected ACL user may run (by claiming, completing and "
-        "forgetting one scratch key under the namespace, with a 10 s TTL). Each finding says what to do. "
+        "forgetting one scratch key under the namespace, with a 10 s TTL), whether a restart keeps completed work "
+        "(AOF, appendfsync, RDB) and whether a primary with replicas refuses writes once cut off from them "
+        "(min-replicas-to-write). Each finding says what to do. "
         "Exits 1 when there is a problem.",
     )
     check.add_argument(
         "--namespace", default="goblin", help="where the ACL check writes its scratch key (default: goblin)"
     )
     check.add_argument("--no-write", action="store_true", help="skip the ACL check, which writes a scratch key")
+    check.add_argument(
+        "--ephemeral",
+        action="store_true",
+        help="claims need not survive a restart: persistence off is a note, not a problem",
+    )
     check.add_argument(
         "--import",
         dest="imports",
@@ -1030,7 +1303,7 @@ def _import(module: str) -> bool:
 def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
     if args.command == "doctor":
         print(f"goblin-claim doctor: {redacted(args.url)}", file=out)
-        findings = doctor(client, cluster, args.namespace, write=not args.no_write)
+        findings = doctor(client, cluster, args.namespace, write=not args.no_write, durable=not args.ephemeral)
         _print_findings(findings, out)
         return EXIT_PROBLEM if any(f.level == "problem" for f in findings) else EXIT_OK
     if args.command in ("scan", "stats"):

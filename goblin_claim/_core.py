@@ -575,10 +575,13 @@ class ClaimBase(Generic[ClientT]):
 
     def _claim_call(self) -> tuple[Script, tuple[str | int, ...]]:
         if self._fence_key is None:
+            if self._replicas:  # "wait": a read-back is rewritten for the WAIT behind it (claim.lua)
+                return CLAIM, (self.claim_key, self.result_key, self.token, self.lease, 0, "wait")
             return CLAIM, (self.claim_key, self.result_key, self.token, self.lease)
         # The counter outlives the claim and its result; past that, the clock takes over.
         keep = max(self.lease, self.ttl)
-        return CLAIM_FENCED, (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
+        fenced = (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
+        return CLAIM_FENCED, (*fenced, "wait") if self._replicas else fenced
 
     def _claim_command(
         self, available: frozenset[str] | None, *, source: bool = False
@@ -588,7 +591,8 @@ class ClaimBase(Generic[ClientT]):
         ``source`` sends the script's text (EVAL), for a server that lost its cache.
         """
         script, args = self._claim_call()
-        native = None if source else native_command(self._native, available, script, self.key)
+        # With replicas, always the script, as acquire() sends it: only it rewrites a read-back for the WAIT.
+        native = None if source or self._replicas else native_command(self._native, available, script, self.key)
         return (native, *args) if native is not None else script_command(script, args, source=source)
 
     def _claim_outcome(
@@ -633,14 +637,17 @@ class ClaimBase(Generic[ClientT]):
                 # Free meanwhile (the next attempt may take it), or a non-string: in flight, as natively.
                 self._mine_until = 0.0
                 return InFlight(key=self.key), None
+            lapse = None
             if len(reply) > 1 and type(reply[1]) is int:
                 self._lapse_ms = reply[1]
+                # PTTL: -1 is a raw writer's claim without an expiry, so no time is known.
+                lapse = reply[1] / 1000 if reply[1] >= 0 else None
             if holder == self.token or holder == self.token.encode():
                 fence = reply[2] if len(reply) > 2 else None
                 if self._owns(resent, now, fence):
                     return self._claimed(fence, acknowledged, sent_at, held=True), holder
                 self._mine_until = 0.0
-                return InFlight(key=self.key), holder  # another handle with this token holds it
+                return InFlight(key=self.key, retry_after=lapse), holder  # another handle with this token holds it
             self._mine_until = 0.0
             if holder.startswith(_DONE_PREFIXES[0] if type(holder) is bytes else DONE_PREFIX):
                 raise ResultLostError(
@@ -648,12 +655,15 @@ class ClaimBase(Generic[ClientT]):
                     "maxmemory-policy other than noeviction, or deleted; forget() reopens the work",
                     key=self.key,
                 )
-            return InFlight(key=self.key), holder
+            return InFlight(key=self.key, retry_after=lapse), holder
         if reply in _CLAIMED_REPLIES:
             return self._claimed(None, acknowledged, sent_at), self.token
         self._mine_until = 0.0
         if reply is None:
             return InFlight(key=self.key), None
+        if acknowledged is not None and acknowledged < self._replicas:
+            # Read back from the primary alone: a failover now could lose it.
+            raise self._not_replicated("read", acknowledged)
         return _completed_outcome({"key": self.key, "value": reply}), None
 
     def _owns(self, resent: bool, now: float, fence: object) -> bool:
@@ -753,7 +763,10 @@ class ClaimBase(Generic[ClientT]):
             raise self._not_replicated("complete", acknowledged)
 
     def _not_replicated(self, action: str, acknowledged: int) -> NotReplicatedError:
-        held = "this handle holds the claim" if action == "claim" else "the result is stored"
+        held = {
+            "claim": "this handle holds the claim",
+            "read": "the result was read back (the work is completed)",
+        }.get(action, "the result is stored")
         return NotReplicatedError(
             f"{action} of {self.key!r}: {acknowledged} of {self._replicas} replicas acknowledged within "
             f"{self._replica_timeout_ms} ms; {held} on the primary, but a failover now could lose it",
@@ -837,7 +850,7 @@ class WaitSchedule:
     that long, or raise what ``expired()`` returns when it says ``None``.
     """
 
-    __slots__ = ("_attempt", "_backoff", "_deadline", "_key", "_timeout")
+    __slots__ = ("_attempt", "_backoff", "_deadline", "_key", "_lapse_ms", "_timeout")
 
     def __init__(self, timeout: float, key: str, backoff: Backoff | None = None) -> None:
         self._timeout = check_timeout("timeout", timeout, key)
@@ -845,6 +858,7 @@ class WaitSchedule:
         self._backoff = backoff or Backoff()
         self._attempt = 0
         self._deadline: float | None = None
+        self._lapse_ms: int | None = None
 
     def start(self, now: float) -> None:
         """Fix the deadline; ``now`` is ``time.monotonic()`` (or the loop's clock)."""
@@ -854,9 +868,11 @@ class WaitSchedule:
         """Seconds to sleep before the next attempt, or ``None`` once the deadline has passed.
 
         ``lapse_ms`` (the holder's lease left, from the last reply) caps the sleep, so
-        a waiter tries to take over just after a crashed owner's lease lapses.
+        a waiter tries to take over just after a crashed owner's lease lapses; the
+        last one given is what ``expired()`` reports as ``retry_after``.
         """
         assert self._deadline is not None, "start() first"
+        self._lapse_ms = lapse_ms
         remaining = self._deadline - now
         if remaining <= 0:
             return None
@@ -871,4 +887,5 @@ class WaitSchedule:
         return StillInFlightError(
             f"{self._key!r} is still in flight after waiting {self._timeout:g}s ({self._attempt + 1} attempts)",
             key=self._key,
+            retry_after=self._lapse_ms / 1000 if self._lapse_ms is not None and self._lapse_ms >= 0 else None,
         )

@@ -17,6 +17,7 @@ claim's ``key`` (``None`` only when the key itself was the bad argument)::
     └── ServerError               Redis refused or failed a command
         ├── WrongTypeError        a claim or result key holds a non-string value
         ├── ConnectionFailedError the server could not be reached (or timed out)
+        │   └── ServerUnavailableError  it answered, but cannot take the command now
         └── NotReplicatedError    fewer replicas than ``replicas=`` acknowledged a write in time
 
 Server errors keep the redis-py exception as ``__cause__``. "Someone else holds
@@ -38,6 +39,7 @@ __all__ = [
     "ResultLostError",
     "ResultNotSerializableError",
     "ServerError",
+    "ServerUnavailableError",
     "StillInFlightError",
     "UnreadableResultError",
     "WrongTypeError",
@@ -91,7 +93,19 @@ class ResultLostError(GoblinClaimError):
 
 
 class StillInFlightError(GoblinClaimError):
-    """The work is still in flight after waiting until the deadline."""
+    """The work is still in flight after waiting until the deadline.
+
+    Attributes:
+        retry_after: Seconds the holder's lease had left at the last attempt (as
+            ``InFlight.retry_after``): retry then to take over a crashed owner's
+            work; ``None`` when unknown.
+    """
+
+    def __init__(
+        self, message: str, *, key: str | None = None, result: object = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, key=key, result=result)
+        self.retry_after = retry_after
 
 
 class PayloadMismatchError(GoblinClaimError):
@@ -151,7 +165,24 @@ class WrongTypeError(ServerError):
 
 
 class ConnectionFailedError(ServerError):
-    """The server could not be reached, or did not answer in time."""
+    """The server could not be reached, or did not answer in time.
+
+    Transient: ``wait()`` polls through it, and ``@idempotent`` retries its final
+    write while the lease lasts (every command is safe to send twice).
+    """
+
+
+class ServerUnavailableError(ConnectionFailedError):
+    """The server answered, but cannot take the command now; transient like a dropped connection.
+
+    A primary demoted to a replica (``READONLY``), a ``WAIT`` cut short by a
+    demotion or ``CLIENT UNBLOCK`` (``UNBLOCKED``), a server still loading its
+    data (``LOADING``), a replica cut off from its primary (``MASTERDOWN``), a
+    primary without the replicas ``min-replicas-to-write`` asks for
+    (``NOREPLICAS``), a cluster moving slots or failing over (``TRYAGAIN``,
+    ``CLUSTERDOWN``). The connection that answered is dropped, so the next try
+    connects again (and follows a failover behind a proxy or a DNS name).
+    """
 
 
 class NotReplicatedError(ServerError):
@@ -160,8 +191,10 @@ class NotReplicatedError(ServerError):
     The write happened on the primary: after ``acquire()`` this handle holds the
     claim (do the work, or ``release()`` it); after ``complete()`` the result is
     stored (calling ``complete()`` again with the same value is safe and waits
-    again). If the primary fails over before a replica has the write, the write
-    is lost.
+    again, on any connection). If the primary fails over before a replica has the
+    write, the write is lost. After an ``acquire()`` that found the work completed,
+    the result was read from the primary but too few replicas acknowledged having
+    it (it may have been stored on a primary that is being deposed): try again.
 
     Attributes:
         acknowledged: How many replicas acknowledged it.

@@ -188,6 +188,7 @@ def idempotent(
 
             wrapped: Any = functools.wraps(func)(run_async)
             wrapped.forget = forget_async
+            wrapped._goblin_spec = spec
             return wrapped
 
         def run_sync(*args: Any, **kwargs: Any) -> Any:
@@ -198,6 +199,7 @@ def idempotent(
 
         wrapped = functools.wraps(func)(run_sync)
         wrapped.forget = forget_sync
+        wrapped._goblin_spec = spec  # for integrations that need the key before a call (goblin_claim._jobs)
         return wrapped
 
     return cast(Decorator, decorate)
@@ -427,9 +429,9 @@ class _Spec:
             key=call.key,
         )
 
-    def in_flight(self, call: _Call) -> StillInFlightError:
-        """The error for ``wait=0`` on in-flight work."""
-        return StillInFlightError(f"{call.key!r} is in flight (wait=0)", key=call.key)
+    def in_flight(self, call: _Call, retry_after: float | None = None) -> StillInFlightError:
+        """The error for ``wait=0`` on in-flight work, carrying the holder's lease left."""
+        return StillInFlightError(f"{call.key!r} is in flight (wait=0)", key=call.key, retry_after=retry_after)
 
     def unstored(self, call: _Call, result: Any, cause: ConnectionFailedError) -> ConnectionFailedError:
         """The error for a result that could not be written before the lease ran out; it carries the result."""

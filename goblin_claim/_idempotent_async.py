@@ -22,12 +22,14 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
+from . import _events
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
     NotReplicatedError,
     ResultNotSerializableError,
+    ServerError,
 )
 from ._outcomes import Completed, InFlight
 from ._server import to_the_end_async
@@ -44,15 +46,33 @@ async def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     """One call of the decorated function: run it once per key, or replay the first result."""
     call = spec.prepare(args, kwargs)
     claim = spec.handle(AsyncClaim, call)
+    if _events.active(_events.CALL_LOG):
+        with _events.Op("call", claim) as op:
+            return await _flow(spec, args, kwargs, call, claim, op)
+    try:
+        return await _flow(spec, args, kwargs, call, claim, None)
+    except GoblinClaimError as exc:
+        _events.quiet_failure("call", claim, exc)  # unobserved: only what an operator must act on
+        raise
+
+
+async def _flow(
+    spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, claim: AsyncClaim, op: _events.Op | None
+) -> Any:
+    """The call's I/O; each step's outcome is told to ``op`` when the call is observed."""
     keeper = claim.keep_alive() if spec.keep_alive else None
     try:
         try:
             outcome = await claim._acquire(None if keeper is None else keeper._early)
+            if op is not None:
+                op.note(outcome)
             if isinstance(outcome, InFlight):
                 spec.check_holder(claim._holder, call)
                 if spec.wait == 0:
-                    raise spec.in_flight(call)
+                    raise spec.in_flight(call, outcome.retry_after)
                 outcome = await claim.wait(timeout=spec.wait)
+                if op is not None:
+                    op.note(outcome, waited=True)
         except NotReplicatedError:
             # Claimed on the primary only: give it back rather than run undurably.
             # (Interrupted while a claim is on the wire, acquire() gives it back itself.)
@@ -74,6 +94,8 @@ async def call(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease
             if keeper is not None:
                 keeper._end()
+            if op is not None:  # the function's own error: the call ran (and stored it) or gave the claim back
+                op.settle((op.outcome or "claimed") if isinstance(exc, spec.replay_errors) else "released")
             if isinstance(exc, spec.replay_errors):
                 await to_the_end_async(_keep_error(spec, claim, call, exc))
             else:
@@ -111,10 +133,15 @@ async def _keep_error(spec: _Spec, claim: AsyncClaim, call: _Call, exc: BaseExce
 async def store(
     spec: _Spec, claim: AsyncClaim, call: _Call, payload: bytes, result: Any, keeper: AsyncKeepAlive | None
 ) -> None:  # fmt: skip
-    """Write the outcome of a function that has run, retrying a dropped connection while the lease lasts."""
-    # A dropped connection must not drop the result. The write is owner-checked and
-    # safe to send twice, so it is retried while the lease lasts. The keep-alive
-    # stops while the first write is on the wire.
+    """Write the outcome of a function that has run, retrying a transient failure while the lease lasts.
+
+    Every error raised from here carries ``result``: the function has run, and its
+    caller is the only one left who has what it returned.
+    """
+    # A dropped connection, a demoted primary (READONLY), a WAIT cut short
+    # (UNBLOCKED), a restart (LOADING): none may drop the result. The write is
+    # owner-checked and safe to send twice, so it is retried while the lease lasts,
+    # on a new connection. The keep-alive stops while the first write is on the wire.
     schedule = None
     while True:
         try:
@@ -122,15 +149,21 @@ async def store(
             return
         except ClaimLostError as exc:
             raise spec.lost(call, result, exc) from exc
-        except NotReplicatedError as exc:
-            exc.result = result  # stored on the primary, and replayed from there
-            raise
-        except ConnectionFailedError as exc:
+        except ConnectionFailedError as exc:  # ServerUnavailableError included
             schedule = schedule or spec.store_schedule(call)  # made on the first failure only
             delay = schedule.next_delay(time.monotonic())
             if delay is None:
                 raise spec.unstored(call, result, exc) from exc
             await asyncio.sleep(delay)
+        except GoblinClaimError as exc:
+            # NotReplicatedError: stored on the primary, and replayed from there. Any
+            # other refusal (a size limit, OOM, a wrong type): nothing was stored.
+            exc.result = result
+            raise
+        except Exception as exc:  # not one of ours (a broken client): still the caller's result
+            raise ServerError(
+                f"{call.key!r} ran, but storing its result failed: {exc!r}", key=call.key, result=result
+            ) from exc
 
 
 async def _release_quietly(claim: AsyncClaim) -> None:

@@ -61,9 +61,10 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from . import _events
 from ._core import EXTEND, lease_margin, renew_interval, retry_delay, script_command
 from ._errors import ClaimLostError, GoblinClaimError
-from ._server import translate
+from ._server import failed, failed_async, translate
 
 if TYPE_CHECKING:
     from ._async import AsyncClaim
@@ -95,6 +96,11 @@ def _read(claim: Claim | AsyncClaim, reply: object) -> Outcome:
     return bool(reply)
 
 
+def _first_error(replies: Sequence[object]) -> RedisError | RedisClusterException | None:
+    """The first error reply of a pipeline (READONLY from a demoted primary, say), if any."""
+    return next((r for r in replies if isinstance(r, (RedisError, RedisClusterException))), None)
+
+
 def _batch_failed(claims: Sequence[Claim | AsyncClaim], exc: RedisError | RedisClusterException) -> list[Outcome]:
     """Every claim's outcome when the whole round trip failed (a dropped connection, a timeout)."""
     return [translate(exc, c.key, c.claim_key) for c in claims]
@@ -121,6 +127,11 @@ class _Renewal:
         self._deadline = math.inf
         # The last failed renewal's error (translated), for a look while debugging.
         self._error: GoblinClaimError | None = None
+        # The owning call's trace context, so the renewer's events join that call (None: unobserved).
+        self._context = None
+        if _events.enabled:
+            self._context = _events.owner()
+            _events.track(self)
 
 
 # --------------------------------------------------------------------------- sync
@@ -213,9 +224,13 @@ def _send_sync(client: Any, claims: Sequence[Claim]) -> list[Outcome]:
             for i, reply in zip(again, _pipelined(client, [sources[i] for i in again]), strict=True):
                 replies[i] = reply
     except (RedisError, RedisClusterException) as exc:
+        failed(client, exc, claims[0].key, claims[0].claim_key)  # a demoted primary: reconnect for the next try
         return _batch_failed(claims, exc)
     except Exception as exc:  # a client of another make: still no reason to end the lane
         return [GoblinClaimError(f"cannot renew {c.key!r}: {exc!r}", key=c.key) for c in claims]
+    refused = _first_error(replies)
+    if refused is not None:
+        failed(client, refused, claims[0].key, claims[0].claim_key)
     outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, GoblinClaimError) and isinstance(claims[i]._client, redis.cluster.RedisCluster):
@@ -402,6 +417,8 @@ class _Renewer:
             keeper.renewals += 1
             keeper._deadline = sent_at + keeper._claim.lease
             self._push(keeper, sent_at + keeper.interval)
+            if _events.enabled:
+                _events.renewal(keeper._claim, "claimed", now - sent_at, keeper._context, None)
         elif outcome is False:
             if keeper._armed:
                 self._lose(keeper)
@@ -414,12 +431,14 @@ class _Renewer:
                 self._lose(keeper)  # failed until the lease ran out
             else:
                 self._push(keeper, now + retry_delay(keeper.interval, left))
+                _events.renewal(keeper._claim, "unavailable", now - sent_at, keeper._context, outcome)
 
     def _lose(self, keeper: KeepAlive) -> None:
         """Mark ``keeper`` lost and renew it no more (lock held)."""
         keeper.lost = True
         keeper._stopped = True
         self._live.pop(keeper._number, None)
+        _events.renewal(keeper._claim, "lease_lost", None, keeper._context, keeper._error)
 
 
 _RENEWER = _Renewer()
@@ -482,9 +501,13 @@ async def _send_async(claims: Sequence[AsyncClaim]) -> list[Outcome]:
             for i, reply in zip(again, await _pipelined_async(client, [sources[i] for i in again]), strict=True):
                 replies[i] = reply
     except (RedisError, RedisClusterException) as exc:
+        await failed_async(client, exc, claims[0].key, claims[0].claim_key)  # a demoted primary: reconnect
         return _batch_failed(claims, exc)
     except Exception as exc:  # a client of another make: the claims must still be rescheduled
         return [GoblinClaimError(f"cannot renew {c.key!r}: {exc!r}", key=c.key) for c in claims]
+    refused = _first_error(replies)
+    if refused is not None:
+        await failed_async(client, refused, claims[0].key, claims[0].claim_key)
     outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, GoblinClaimError) and isinstance(client, redis.asyncio.cluster.RedisCluster):
@@ -634,9 +657,12 @@ class AsyncKeepAlive(_Renewal):
             self.renewals += 1
             self._deadline = sent_at + self._claim.lease
             at = sent_at + self.interval
+            if _events.enabled:
+                _events.renewal(self._claim, "claimed", now - sent_at, self._context, None)
         elif outcome is False:
             self.lost = True
             self._stopped = True
+            _events.renewal(self._claim, "lease_lost", now - sent_at, self._context, None)
             return
         else:
             if outcome is not None:
@@ -645,6 +671,8 @@ class AsyncKeepAlive(_Renewal):
             if left <= 0:
                 self.lost = True
                 self._stopped = True
+                _events.renewal(self._claim, "lease_lost", None, self._context, self._error)
                 return
             at = now + retry_delay(self.interval, left)
+            _events.renewal(self._claim, "unavailable", now - sent_at, self._context, self._error)
         self._timer = self._loop.call_at(_on_grid(at), self._due)

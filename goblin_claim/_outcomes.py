@@ -66,13 +66,28 @@ class InFlight(BaseModel):
 
     Attributes:
         key: The handle's key.
+        retry_after: Seconds the holder's lease had left when the server answered (its
+            PTTL): when a crashed owner's claim lapses and a retry can take it over. A
+            live owner renewing its lease pushes this out; ``None`` when unknown (the
+            claim freed meanwhile, or a raw writer's claim without an expiry).
     """
 
     model_config = _FROZEN
-    __match_args__: ClassVar[tuple[str, ...]] = ("key",)
+    __match_args__: ClassVar[tuple[str, ...]] = ("key", "retry_after")
 
     kind: Literal["in_flight"] = "in_flight"
     key: str
+    retry_after: Union[float, None] = None  # noqa: UP007 -- pydantic evaluates this at run time on 3.10 too
+
+    # retry_after is a clock reading of the moment the server answered, not part of
+    # the situation: two in-flight answers for one key are the same outcome.
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, InFlight):
+            return self.key == other.key
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.key))
 
 
 Outcome = Annotated[Union[Claimed, Completed, InFlight], Field(discriminator="kind")]  # noqa: UP007

@@ -32,19 +32,23 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio
 from redis.exceptions import (
-    ConnectionError as RedisConnectionError,
-)
-from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
     MaxConnectionsError,
+    ReadOnlyError,
     RedisClusterException,
     RedisError,
+    TryAgainError,
+)
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
 )
 from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
 
 from ._core import NATIVE_COMMANDS
-from ._errors import ConnectionFailedError, ServerError, WrongTypeError
+from ._errors import ConnectionFailedError, ServerError, ServerUnavailableError, WrongTypeError
 
 __all__ = [
     "PROBE_ARGS",
@@ -52,6 +56,9 @@ __all__ = [
     "ClientState",
     "Sends",
     "direct_pool",
+    "failed",
+    "failed_async",
+    "is_transient",
     "is_unknown_command",
     "native_from_command_table",
     "native_from_probe",
@@ -356,6 +363,11 @@ def translate(exc: RedisError | RedisClusterException, key: str, keys: str) -> S
         keys: The Redis key(s) the command touched, for the message.
     """
     text = str(exc)
+    if is_transient(exc):
+        return ServerUnavailableError(
+            f"Redis cannot take a command on {keys} now (a failover, a demotion, a restart): {_code(exc)}{text}",
+            key=key,
+        )
     if isinstance(exc, MaxConnectionsError):
         return ConnectionFailedError(
             f"no free connection for {keys}: {text} (many concurrent tasks need a BlockingConnectionPool)",
@@ -366,3 +378,72 @@ def translate(exc: RedisError | RedisClusterException, key: str, keys: str) -> S
     if "WRONGTYPE" in text:
         return WrongTypeError(f"{keys} holds a value that is not a string: {text}", key=key)
     return ServerError(f"Redis refused a command on {keys}: {text}", key=key)
+
+
+# Error replies of a server that cannot take the command now but will (or whose
+# successor will): a failover, a demotion, a restart. A command refused with one
+# of these did not run, except UNBLOCKED, which cuts a WAIT short after its write
+# ran; every command the SDK sends is safe to send twice, so both are retried.
+_TRANSIENT_CODES = ("READONLY", "UNBLOCKED", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+_TRANSIENT_CLASSES = (ReadOnlyError, BusyLoadingError, TryAgainError, ClusterDownError)
+
+
+def _code(exc: BaseException) -> str:
+    """The error code redis-py took off the reply's text (``READONLY`` and the like), with a space."""
+    code = getattr(exc, "status_code", None)
+    return f"{code} " if isinstance(code, str) and code and not str(exc).startswith(code) else ""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a server's answer that it cannot take the command now (see ``_TRANSIENT_CODES``).
+
+    redis-py takes the code off the text of the replies it knows (``READONLY``,
+    ``LOADING``, ...), and leaves it on the others (``UNBLOCKED``, ``NOREPLICAS``);
+    a script's error keeps it too.
+    """
+    if isinstance(exc, _TRANSIENT_CLASSES):
+        return True
+    if not isinstance(exc, RedisError) or isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        return False
+    return str(exc).lstrip("-").startswith(_TRANSIENT_CODES)
+
+
+def _reconnect_target(client: object) -> tuple[Any, bool]:
+    """What to disconnect after a transient answer, and whether it is a pool (else one connection)."""
+    if isinstance(client, (redis.Redis, redis.asyncio.Redis)):
+        single = getattr(client, "connection", None)
+        return (single, False) if single is not None else (client.connection_pool, True)
+    return None, False  # a cluster client follows the cluster's own redirections and failovers
+
+
+def failed(client: object, exc: RedisError | RedisClusterException, key: str, keys: str) -> ServerError:
+    """``translate``, and after a transient answer drop ``client``'s idle connections.
+
+    A demoted primary keeps answering READONLY on the connections already open to
+    it; behind a proxy, a virtual IP or a DNS name only a new connection reaches
+    the new primary. Every idle connection of the pool points where the one that
+    answered did, so all of them go (connections in use are left to their users).
+    """
+    error = translate(exc, key, keys)
+    if isinstance(error, ServerUnavailableError):
+        target, pool = _reconnect_target(client)
+        # Best effort: a connection that stays open answers the same again, and goes then.
+        with contextlib.suppress(Exception):
+            if pool:
+                target.disconnect(inuse_connections=False)
+            elif target is not None:
+                target.disconnect()
+    return error
+
+
+async def failed_async(client: object, exc: RedisError | RedisClusterException, key: str, keys: str) -> ServerError:
+    """``failed`` for an asyncio client."""
+    error = translate(exc, key, keys)
+    if isinstance(error, ServerUnavailableError):
+        target, pool = _reconnect_target(client)
+        with contextlib.suppress(Exception):
+            if pool:
+                await target.disconnect(inuse_connections=False)
+            elif target is not None:
+                await target.disconnect()
+    return error

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Union
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
+from . import _events
 from ._core import (
     EXTEND,
     FORGET,
@@ -36,6 +37,7 @@ from ._server import (
     ClientState,
     Sends,
     direct_pool,
+    failed,
     is_unknown_command,
     native_from_command_table,
     native_from_probe,
@@ -80,7 +82,8 @@ class Claim(ClaimBase["SyncClient"]):
             claim's round trip; the claim then always runs as a script).
         replicas: Send ``WAIT replicas replica_timeout_ms`` behind the claim and behind
             ``complete()``, in the same round trip, and raise ``NotReplicatedError`` when
-            fewer replicas acknowledged the write. ``0`` (the default) does not wait.
+            fewer replicas acknowledged the write; a ``Completed`` read back is checked
+            the same way. ``0`` (the default) does not wait.
         replica_timeout_ms: How long WAIT waits for the acknowledgements.
 
     Example::
@@ -124,6 +127,7 @@ class Claim(ClaimBase["SyncClient"]):
         return handle
 
     @classmethod
+    @_events.observe_batch
     def acquire_many(
         cls, client: SyncClient, keys: Iterable[str], **options: Any
     ) -> list[tuple[Claim, Claimed | Completed | InFlight | GoblinClaimError]]:
@@ -155,26 +159,30 @@ class Claim(ClaimBase["SyncClient"]):
         if first._replicas and isinstance(client, RedisCluster):
             raise InvalidArgumentError("acquire_many(replicas=...) needs a standalone client", key=first.key)
         state = state_of(client)
-        acknowledged = None
+        # One WAIT behind each round that wrote covers every claim of that round: a
+        # pipeline is one connection. With replicas the claims are always scripts
+        # (as in acquire()), so no native-nil round comes, and a read-back is rewritten
+        # for the WAIT (claim.lua).
+        wait = ("WAIT", first._replicas, first._replica_timeout_ms) if first._replicas else None
         sent_at = time.monotonic()
         try:
             if not state.ready:
                 _prepare(client, state)
             commands = [handle._claim_command(state.native) for handle in handles]
-            if first._replicas:
-                # One WAIT behind the whole batch covers every claim on this connection.
-                commands.append(("WAIT", first._replicas, first._replica_timeout_ms))
-            replies = _pipelined(client, commands)
-            if first._replicas:
-                waited = replies.pop()
-                acknowledged = waited if isinstance(waited, int) else 0
+            replies, waited = _round(client, commands, wait)
+            acknowledged = [waited] * len(replies)
             again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
             if again:
                 if any(not isinstance(replies[i], NoScriptError) for i in again):
                     state.native = frozenset()  # a node lacks the module after all
+                    _events.notice(first, "native_fallback", "fell_back")
+                else:
+                    _events.notice(first, "script_reload", "reloaded")
                 sources = [handles[i]._claim_command(state.native, source=True) for i in again]
-                for i, reply in zip(again, _pipelined(client, sources), strict=True):
-                    replies[i] = reply
+                # The EVAL round wrote too (the first one's refused claims ran nothing): its own WAIT.
+                resent, waited = _round(client, sources, wait)
+                for i, reply in zip(again, resent, strict=True):
+                    replies[i], acknowledged[i] = reply, waited
             nils = [i for i, reply in enumerate(replies) if reply is None]
             if nils:
                 # GOBLIN.CLAIM's nil: one read of each holder and result tells the outcomes apart.
@@ -182,7 +190,7 @@ class Claim(ClaimBase["SyncClient"]):
                 for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
                     replies[i] = holder
         except (RedisError, RedisClusterException) as exc:
-            error = translate(exc, first.key, f"a batch of {len(handles)} claims")
+            error = failed(client, exc, first.key, f"a batch of {len(handles)} claims")
             if isinstance(error, ConnectionFailedError):
                 for handle in handles:
                     handle._claim_unknown(sent_at)  # each claim may have been taken
@@ -197,10 +205,11 @@ class Claim(ClaimBase["SyncClient"]):
             raise
         now = time.monotonic()
         return [
-            (handle, _batch_outcome(handle, reply, acknowledged, sent_at, now))
-            for handle, reply in zip(handles, replies, strict=True)
+            (handle, _batch_outcome(handle, reply, waited, sent_at, now))
+            for handle, reply, waited in zip(handles, replies, acknowledged, strict=True)
         ]
 
+    @_events.observe("acquire")
     def acquire(self) -> Claimed | Completed | InFlight:
         """Try to claim the work, in one round trip.
 
@@ -221,7 +230,8 @@ class Claim(ClaimBase["SyncClient"]):
             ResultLostError: The work was completed, but its result is gone (evicted).
             WrongTypeError: ``result_key`` holds a non-string value.
             ConnectionFailedError: Redis could not be reached.
-            NotReplicatedError: With ``replicas``: claimed, but not acknowledged in time.
+            NotReplicatedError: With ``replicas``: claimed, or a stored result read back,
+                but not acknowledged in time.
         """
         return self._acquire(None)
 
@@ -256,6 +266,7 @@ class Claim(ClaimBase["SyncClient"]):
         )
         return outcome
 
+    @_events.observe("complete")
     def complete(self, value: bytes | str) -> None:
         """Store the work's result for ``ttl`` seconds and mark the work done.
 
@@ -291,6 +302,7 @@ class Claim(ClaimBase["SyncClient"]):
             self._completed(self._call(script, args, self._both_keys, meanwhile=meanwhile))
         self._let_go()
 
+    @_events.observe("extend")
     def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
 
@@ -304,6 +316,7 @@ class Claim(ClaimBase["SyncClient"]):
             raise self._lost("extend")
         self._extended(sent_at, seconds)
 
+    @_events.observe("release")
     def release(self) -> bool:
         """Give the claim up so the work can run again at once (GOBLIN.CAD where native).
 
@@ -318,11 +331,96 @@ class Claim(ClaimBase["SyncClient"]):
             self._announce_free()  # GOBLIN.CAD announces nothing: tell the waiters here
         return released
 
+    @classmethod
+    def release_many(cls, client: SyncClient, handles: Iterable[Claim]) -> list[bool]:
+        """Give many claims back in one pipelined round trip, such as a batch's unstarted messages.
+
+        Each claim is deleted only while its own handle's token holds it (GOBLIN.CAD
+        where native, else the release script, as ``release()`` chooses), so a claim
+        that lapsed and was taken over, or one already completed, is left alone. On a
+        cluster the pipeline goes out grouped by node. Safe to send twice: a re-sent
+        release finds the claim gone or someone else's and deletes nothing. A server
+        that lost its scripts, or a node without the module, costs one more pipelined
+        round trip for the claims concerned; after native deletions the waiters'
+        wake-ups go out in one more, best effort (waiters poll anyway).
+
+        The pattern for a stream consumer: ``acquire_many(client, ids, lease=5)``
+        reserves a batch briefly, ``claim.extend(lease=60)`` takes the full lease as
+        each message starts (``ClaimLostError``: the reservation lapsed and another
+        consumer took it, skip it), and on shutdown ``release_many(client, handles)``
+        gives the unstarted ones back at once (``examples/streams_consumer.py``).
+
+        Returns:
+            One bool per handle, in order, as ``release()`` answers: ``True`` when
+            that handle's token held its claim and it was deleted.
+
+        Raises:
+            InvalidArgumentError: A handle made on another client (before any I/O).
+            ConnectionFailedError: Redis could not be reached (any of the claims may
+                have been released; the others free themselves after their lease).
+            WrongTypeError: A claim key holds a non-string value (the other claims
+                of the batch were released).
+        """
+        handles = list(handles)
+        for handle in handles:
+            if handle._client is not client:
+                raise InvalidArgumentError("release_many() needs handles made on its client", key=handle.key)
+        if not handles:
+            return []
+        first = handles[0]
+        state = state_of(client)
+        wake = wake_kind(client)
+        for handle in handles:
+            handle._let_go()  # first, as in release(): held or not, it no longer counts on its claim
+        try:
+            if not state.ready:
+                _prepare(client, state)
+            natives = [native_command(handle._native, state.native, RELEASE, handle.key) for handle in handles]
+            commands = [
+                (native, handle.claim_key, handle.token)
+                if native
+                else script_command(RELEASE, (handle.claim_key, handle.token, wake))
+                for handle, native in zip(handles, natives, strict=True)
+            ]
+            replies = _pipelined(client, commands)
+            again = [i for i, reply in enumerate(replies) if _needs_script(reply, handles[i]._native)]
+            if again:
+                if any(not isinstance(replies[i], NoScriptError) for i in again):
+                    state.native = frozenset()  # a node lacks the module after all
+                    _events.notice(first, "native_fallback", "fell_back")
+                else:
+                    _events.notice(first, "script_reload", "reloaded")
+                # Refused unrun (NOSCRIPT, unknown command): each runs once, as a script.
+                sources = [
+                    script_command(RELEASE, (handles[i].claim_key, handles[i].token, wake), source=True) for i in again
+                ]
+                resent = _pipelined(client, sources)
+                for i, reply in zip(again, resent, strict=True):
+                    replies[i], natives[i] = reply, None
+        except (RedisError, RedisClusterException) as exc:
+            raise failed(client, exc, first.key, f"a batch of {len(handles)} releases") from exc
+        for handle, reply in zip(handles, replies, strict=True):
+            if isinstance(reply, (RedisError, RedisClusterException)):
+                raise translate(reply, handle.key, handle.claim_key) from reply
+        released = [bool(reply) for reply in replies]
+        # GOBLIN.CAD announces nothing: the scripts did, the native deletions are told here.
+        channel = "SPUBLISH" if isinstance(client, RedisCluster) else "PUBLISH"
+        announce = [
+            (channel, handle.claim_key, "free")
+            for handle, native, freed in zip(handles, natives, released, strict=True)
+            if native and freed
+        ]
+        if announce:
+            with contextlib.suppress(RedisError, RedisClusterException):
+                _ = _pipelined(client, announce)
+        return released
+
     def _give_back(self) -> None:
         """Release quietly, to the end: after an interruption this handle may hold a claim it never heard of."""
         with contextlib.suppress(GoblinClaimError):  # unreachable: the claim frees itself after its lease
             to_the_end(self.release())
 
+    @_events.observe("forget")
     def forget(self) -> bool:
         """Delete the claim and the result, whoever holds them, in one atomic step.
 
@@ -339,6 +437,7 @@ class Claim(ClaimBase["SyncClient"]):
         self._let_go()
         return bool(self._call(FORGET, args, self._both_keys))
 
+    @_events.observe("wait")
     def wait(self, timeout: float = 10.0) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
 
@@ -369,7 +468,7 @@ class Claim(ClaimBase["SyncClient"]):
                     woken.clear()
                 failure = None
                 try:
-                    outcome = self.acquire()
+                    outcome = self._acquire(None)  # its attempts are the wait's, not acquire events of their own
                 except ConnectionFailedError as exc:
                     failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
                 else:
@@ -379,6 +478,8 @@ class Claim(ClaimBase["SyncClient"]):
                 if delay is None:
                     raise failure or schedule.expired()
                 _sleep(woken, delay)
+                if _events.enabled:
+                    _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
         finally:
             if subscriber is not None and woken is not None:
                 subscriber.unwatch(self.claim_key, woken)
@@ -444,6 +545,7 @@ class Claim(ClaimBase["SyncClient"]):
                         raise
                     # This node lacks the module after all: scripts from now on.
                     state.native = frozenset()
+                    _events.notice(self, "native_fallback", "fell_back")
                     meanwhile = None  # it ran with the refused command
                     _unrun(sends)
             args += script_only
@@ -453,9 +555,10 @@ class Claim(ClaimBase["SyncClient"]):
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
                 _unrun(sends)
+                _events.notice(self, "script_reload", "reloaded")
                 return _send(client, state.direct, script_command(script, args, source=True), sends=sends)
         except (RedisError, RedisClusterException) as exc:
-            raise translate(exc, self.key, keys) from exc
+            raise failed(client, exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
             # A decode_responses client reading bytes someone else stored.
             raise UnreadableResultError(f"{keys} holds bytes this client cannot decode: {exc}", key=self.key) from exc
@@ -475,13 +578,14 @@ class Claim(ClaimBase["SyncClient"]):
             reply, acknowledged = _pipelined(client, [command, wait], pipe=self._wait_pipeline())
             if isinstance(reply, NoScriptError):
                 # Nothing ran, so nothing was waited for: both again, with the source.
+                _events.notice(self, "script_reload", "reloaded")
                 command = script_command(script, args, source=True)
                 reply, acknowledged = _pipelined(client, [command, wait], pipe=self._wait_pipeline())
             for item in (reply, acknowledged):
                 if isinstance(item, Exception):
                     raise item
         except (RedisError, RedisClusterException) as exc:
-            raise translate(exc, self.key, keys) from exc
+            raise failed(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
 
     def _wait_pipeline(self) -> Any:
@@ -519,6 +623,17 @@ def _sleep(woken: threading.Event | None, delay: float) -> None:
         time.sleep(delay)
     else:
         woken.wait(delay)
+
+
+def _round(client: SyncClient, commands: Sequence[Args], wait: Args | None) -> tuple[list[object], int | None]:
+    """One pipelined round of a batch, with ``wait`` (a WAIT) behind it if given: the replies and WAIT's count."""
+    replies = _pipelined(client, commands if wait is None else [*commands, wait])
+    if wait is None:
+        return replies, None
+    waited = replies.pop()
+    if isinstance(waited, Exception):
+        raise waited  # cut short (UNBLOCKED by a demotion): the whole batch is in doubt
+    return replies, int(waited)  # type: ignore[call-overload]  # WAIT replies an int
 
 
 def _pipelined(client: SyncClient, commands: Sequence[Args], pipe: Any = None) -> list[object]:
@@ -581,3 +696,4 @@ def _prepare(client: SyncClient, state: ClientState) -> None:
             state.native = native_from_probe(replies[0])
         state.direct = direct_pool(client)
         state.ready = True
+        _events.probed(client, state.native, state.direct is not None)

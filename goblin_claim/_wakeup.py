@@ -25,6 +25,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from . import _events
 from ._server import state_of
 
 __all__ = ["AsyncWakeups", "Wakeups", "async_wakeups", "wake_kind", "wakeups"]
@@ -113,6 +114,7 @@ class Wakeups:
         self._registry = _Registry()
         self._lock = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
+        self._told = False  # whether the INFO line on push or polling was logged
 
     def watch(self, channel: str) -> threading.Event | None:
         """An event set when ``channel`` announces; ``None`` where pub/sub is refused."""
@@ -145,6 +147,9 @@ class Wakeups:
             except Exception as exc:  # a lost connection, a closed client: the waiters poll meanwhile
                 with self._lock:
                     self._registry.refused = self._registry.refused or _is_refusal(exc)
+                    if self._registry.refused and not self._told:
+                        self._told = True
+                        _events.wakeups_found(self._client(), False, "pub/sub refused")
                     for event in self._registry.every_event():
                         event.set()
                     self._registry.changes = dict.fromkeys(self._registry.watchers, True)
@@ -170,6 +175,9 @@ class Wakeups:
                         return
                 changes = self._registry.take_changes()
             _apply(pubsub, self._sharded, changes)
+            if changes and not self._told:
+                self._told = True
+                _events.wakeups_found(self._client(), True)
             if not self._registry.watchers:
                 continue
             message = read(ignore_subscribe_messages=True, timeout=_TICK)
@@ -189,6 +197,9 @@ class AsyncWakeups:
         self._task: asyncio.Task[None] | None = None
         # The asyncio cluster client has no pub/sub: its waiters poll.
         self._registry.refused = isinstance(client, AsyncRedisCluster)
+        self._told = self._registry.refused  # whether the INFO line on push or polling was logged
+        if self._told:
+            _events.wakeups_found(client, False, "the asyncio cluster client has no pub/sub")
 
     def watch(self, channel: str) -> asyncio.Event | None:
         """An event set when ``channel`` announces; ``None`` where pub/sub is refused."""
@@ -218,6 +229,9 @@ class AsyncWakeups:
         try:
             while self._registry.watchers or self._registry.changes:
                 await _apply_async(pubsub, self._registry.take_changes())
+                if pubsub.subscribed and not self._told:
+                    self._told = True
+                    _events.wakeups_found(self._client(), True)
                 if not pubsub.subscribed:
                     await asyncio.sleep(_TICK)  # never spin the loop
                     continue
@@ -227,6 +241,9 @@ class AsyncWakeups:
                         event.set()
         except Exception as exc:  # a lost connection, a closed client: the waiters poll meanwhile
             self._registry.refused = self._registry.refused or _is_refusal(exc)
+            if self._registry.refused and not self._told:
+                self._told = True
+                _events.wakeups_found(self._client(), False, "pub/sub refused")
             for event in self._registry.every_event():
                 event.set()  # they poll; the next waiter starts a fresh listener
             self._registry.changes = dict.fromkeys(self._registry.watchers, True)

@@ -4,7 +4,8 @@ The listening socket is bound here (port 0) and handed to uvicorn, so no other
 process can take the port between choosing and binding it. ``serve`` stops the
 server on exit (a graceful shutdown, lifespan included) and joins its thread;
 ``serve_process`` runs ``python -m uvicorn`` the way a user deploys an app, and
-stops that process (by its PID) on exit.
+``serve_gunicorn`` runs ``python -m gunicorn`` (a WSGI app); both stop that
+process (by its PID) on exit.
 """
 
 from __future__ import annotations
@@ -116,6 +117,46 @@ def serve_process(
         raise RuntimeError(f"uvicorn {target} logged an error:\n{output}")
 
 
+@contextlib.contextmanager
+def serve_gunicorn(
+    target: str, *, env: Mapping[str, str], worker: str = "sync", workers: int = 1, threads: int = 1,
+    timeout: int = 30, start_timeout: float = 30.0,
+) -> Iterator[str]:  # fmt: skip
+    """Run ``python -m gunicorn target`` (a WSGI app) in its own process; yield its base URL.
+
+    The socket is bound here and passed as ``fd://``; ready once ``GET /health``
+    answers 200. On exit the arbiter gets SIGTERM (by its PID), then SIGKILL.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    command = [
+        sys.executable, "-m", "gunicorn", target, "--bind", f"fd://{sock.fileno()}", "--worker-class", worker,
+        "--workers", str(workers), "--threads", str(threads), "--timeout", str(timeout), "--graceful-timeout", "5",
+        "--log-level", "warning",
+    ]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env={**os.environ, **env}, pass_fds=(sock.fileno(),), stdout=log, stderr=log
+        )
+        try:
+            yield _ready(process, f"http://{HOST}:{port}", log, start_timeout)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
+            sock.close()
+        output = _read(log)
+    if "Traceback" in output and "SystemExit" not in output:
+        raise RuntimeError(f"gunicorn {target} logged an error:\n{output}")
+
+
 def _ready(process: subprocess.Popen[bytes], url: str, log: Any, timeout: float) -> str:
     """``url`` once ``GET /health`` answers 200 there."""
     deadline = time.monotonic() + timeout
@@ -124,7 +165,7 @@ def _ready(process: subprocess.Popen[bytes], url: str, log: Any, timeout: float)
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return url
         time.sleep(0.05)
-    raise RuntimeError(f"uvicorn did not start:\n{_read(log)}")
+    raise RuntimeError(f"the server did not start:\n{_read(log)}")
 
 
 def _read(log: Any) -> str:

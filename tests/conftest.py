@@ -2,6 +2,8 @@
 
 Backends: fakeredis with scripts, fakeredis with the native commands, and real
 standalone / replicated / clustered redis-server. Drivers: ``Claim`` and ``AsyncClaim``.
+The core, failure-path and decorator suites also run behind Sentinel (``sentinel``: a
+primary, two replicas, three sentinels, reached through ``Sentinel.master_for``).
 Modules that set ``BACKENDS = ALL_BACKENDS`` also run on redis-server with the
 reference module loaded (``native``, ``native-cluster``: the SDK takes the native path).
 
@@ -13,10 +15,12 @@ missing redis-server (or a module that does not build) skips their tests; with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import itertools
 import os
+import signal
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +30,12 @@ import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.sentinel
 import redis.cluster
+import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from goblin_claim import AsyncClaim, Claim, idempotent
 from goblin_claim.testing import fake_async_redis, fake_redis
@@ -40,6 +47,11 @@ BACKENDS = ("fake", "fake-native", "standalone", "replica", "cluster")
 # clustered (the module on every node). Opt-in per test module, to keep the suite's time.
 NATIVE_BACKENDS = ("native", "native-cluster")
 ALL_BACKENDS = BACKENDS + NATIVE_BACKENDS
+# A primary with two replicas behind three sentinels, reached through redis-py's Sentinel
+# clients (the failover recipe's retries). Added to the core, failure-path and decorator
+# suites only (SENTINEL_SUITES): their failover scenarios live in tests/test_sentinel.py.
+SENTINEL_BACKENDS = ("sentinel",)
+SENTINEL_SUITES = frozenset({"tests.test_claim", "tests.test_failure_path", "tests.test_idempotent"})
 _counter = itertools.count()
 
 
@@ -82,10 +94,76 @@ def redis_cluster() -> Iterator[list[servers.RedisProcess]]:
         yield nodes
 
 
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[servers.SentinelGroup]:
+    """A primary, two replicas and three sentinels, for the whole session (never failed over)."""
+    with servers.sentinel_group(_binary()) as group:
+        yield group
+
+
+class _SentinelRedis(redis.Redis):
+    """A ``master_for`` client whose ``close()`` also closes its Sentinel's own connections."""
+
+    def close(self) -> None:
+        """Close the pool, then the sentinels' clients."""
+        super().close()
+        for client in self.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            client.close()
+
+
+class _AsyncSentinelRedis(redis.asyncio.Redis):
+    """The asyncio twin of ``_SentinelRedis``."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        """Close the pool, then the sentinels' clients."""
+        await super().aclose(close_connection_pool)
+        for client in self.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            await client.aclose()
+
+
+def sentinel_backend(name: str, group: servers.SentinelGroup) -> Backend:
+    """Clients of ``group``'s primary through ``Sentinel.master_for``, with the recipe's retries.
+
+    ``master_for`` gives its connections ``Retry(NoBackoff(), 0)``: without a Retry of
+    its own a lost reply is never re-sent, so the recipe always passes one.
+    """
+
+    def make_sync(**kw: Any) -> Any:
+        kw.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 8))
+        kw.setdefault("socket_timeout", 2.0)
+        sentinel = redis.sentinel.Sentinel(group.addresses, socket_timeout=1.0)
+        return sentinel.master_for(group.service, redis_class=_SentinelRedis, **kw)
+
+    def make_async(**kw: Any) -> Any:
+        kw.setdefault("retry", AsyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 8))
+        kw.setdefault("socket_timeout", 2.0)
+        sentinel = redis.asyncio.sentinel.Sentinel(group.addresses, socket_timeout=1.0)
+        return sentinel.master_for(group.service, redis_class=_AsyncSentinelRedis, **kw)
+
+    return Backend(name, native=False, make_sync=make_sync, make_async=make_async, is_server=True)
+
+
 @pytest.fixture
 def redis_server_binary() -> str:
     """The redis-server binary, for tests that start servers of their own."""
     return _binary()
+
+
+@pytest.fixture
+def own_server(redis_server_binary: str) -> Iterator[Callable[..., servers.RedisProcess]]:
+    """Start redis-servers of this test's own (woken if frozen, then stopped by PID afterwards)."""
+    started: list[servers.RedisProcess] = []
+
+    def start(*extra: str) -> servers.RedisProcess:
+        server = servers.start_server(redis_server_binary, *extra)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.process.pid, signal.SIGCONT)  # a frozen (SIGSTOP) server cannot stop
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -177,7 +255,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if any("backend" in marker.args[0] for marker in metafunc.definition.iter_markers("parametrize")):
         return  # the test chose its backends itself
-    metafunc.parametrize("backend", getattr(metafunc.module, "BACKENDS", BACKENDS), indirect=True)
+    backends = tuple(getattr(metafunc.module, "BACKENDS", BACKENDS))
+    if metafunc.module.__name__ in SENTINEL_SUITES:
+        backends += SENTINEL_BACKENDS
+    metafunc.parametrize("backend", backends, indirect=True)
 
 
 @pytest.fixture
@@ -204,6 +285,8 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     elif name == "native":
         srv = request.getfixturevalue("redis_native")
         made = _server_backend(name, servers.HOST, srv.port, cluster=False, native=True)
+    elif name == "sentinel":
+        made = sentinel_backend(name, request.getfixturevalue("redis_sentinel"))
     elif name == "native-cluster":
         nodes = request.getfixturevalue("redis_native_cluster")
         made = _server_backend(name, servers.HOST, nodes[0].port, cluster=True, native=True)

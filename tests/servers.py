@@ -1,4 +1,4 @@
-"""Real redis-server processes for the tests: standalone, primary + replica, cluster.
+"""Real redis-server processes for the tests: standalone, primary + replica, cluster, Sentinel.
 
 Each server runs on a free loopback port in a temporary directory and is stopped
 by its PID. Nothing here uses a fixed port. Any of them may load the reference
@@ -59,8 +59,9 @@ class RedisProcess:
         return redis.Redis(host=HOST, port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def stop(self) -> None:
-        """Stop the server by its PID and wait for it."""
+        """Stop the server by its PID and wait for it (a SIGSTOPped one is continued first)."""
         if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
@@ -217,3 +218,151 @@ def _assign_slots(nodes: list[RedisProcess]) -> None:
             time.sleep(0.05)
     for client in clients:
         client.close()
+
+
+# --------------------------------------------------------------------------- Sentinel
+
+SERVICE = "goblin"
+
+
+@dataclass
+class SentinelGroup:
+    """A primary, its replicas and the sentinels watching them (``data``: the primary first, at start)."""
+
+    data: list[RedisProcess]
+    sentinels: list[RedisProcess]
+    service: str = SERVICE
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """The sentinels' addresses, as ``redis.sentinel.Sentinel`` takes them."""
+        return [(HOST, sentinel.port) for sentinel in self.sentinels]
+
+    def primary_port(self) -> int:
+        """The port the sentinels name as the primary now."""
+        client = self.sentinels[0].client(socket_timeout=2)
+        try:
+            _host, port = client.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", self.service)
+            return int(port)
+        finally:
+            client.close()
+
+    def by_port(self, port: int) -> RedisProcess:
+        """The data server listening on ``port``."""
+        return next(server for server in self.data if server.port == port)
+
+    def wait_settled(self, timeout: float = 30.0, replicas: int | None = None) -> int:
+        """Wait until every sentinel names one primary that has ``replicas`` replicas in sync; return its port.
+
+        ``replicas`` defaults to every other live data server.
+        """
+        want = replicas if replicas is not None else sum(1 for s in self.data if s.process.poll() is None) - 1
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(redis.RedisError, ValueError, StopIteration):
+                ports = set()
+                for sentinel in self.sentinels:
+                    client = sentinel.client(socket_timeout=1)
+                    try:
+                        ports.add(int(client.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", self.service)[1]))
+                    finally:
+                        client.close()
+                if len(ports) == 1:
+                    (port,) = ports
+                    primary = self.by_port(port).client(socket_timeout=1)
+                    try:
+                        info = primary.info("replication")
+                    finally:
+                        primary.close()
+                    online = [
+                        value
+                        for name, value in info.items()
+                        if name.startswith("slave") and isinstance(value, dict) and value.get("state") == "online"
+                    ]
+                    if info.get("role") == "master" and len(online) >= want:
+                        return port
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Sentinel group did not settle")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop every sentinel and data server by PID."""
+        for server in self.sentinels + self.data:
+            server.stop()
+
+
+def start_sentinel(binary: str, primary_port: int, *, quorum: int = 2, down_after_ms: int = 1000) -> RedisProcess:
+    """Start one sentinel (``redis-server --sentinel``) watching the primary on ``primary_port``."""
+    last_error = ""
+    for _ in range(5):
+        port = free_port()
+        directory = Path(tempfile.mkdtemp(prefix="goblin-sentinel-"))
+        config = directory / "sentinel.conf"  # a sentinel rewrites its own config file: one each
+        config.write_text(
+            f"port {port}\nbind {HOST}\ndaemonize no\ndir {directory}\nloglevel warning\n"
+            f"logfile {directory / 'redis.log'}\n"
+            f"sentinel monitor {SERVICE} {HOST} {primary_port} {quorum}\n"
+            f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
+            f"sentinel failover-timeout {SERVICE} 10000\n"
+            f"sentinel parallel-syncs {SERVICE} 2\n"
+        )
+        args = [binary, str(config), "--sentinel"]
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sentinel = RedisProcess(port, directory, process, args)
+        if _wait_ready(sentinel):
+            return sentinel
+        log = directory / "redis.log"
+        last_error = log.read_text(errors="replace") if log.exists() else ""
+        sentinel.stop()
+    raise RuntimeError(f"redis-sentinel did not start: {last_error[-2000:]}")
+
+
+@contextlib.contextmanager
+def sentinel_group(
+    binary: str, *, replicas: int = 2, sentinels: int = 3, server_args: Sequence[str] = ()
+) -> Iterator[SentinelGroup]:
+    """A primary, ``replicas`` replicas and ``sentinels`` sentinels, all settled before this yields.
+
+    ``server_args`` go to every data server (a replica promoted by a failover keeps them),
+    such as ``--min-replicas-to-write 1``. Failovers are quick: a primary is down after 1 s.
+    """
+    group = SentinelGroup([], [])
+    try:
+        primary = start_server(binary, *server_args)
+        group.data.append(primary)
+        for _ in range(replicas):
+            group.data.append(start_server(binary, "--replicaof", HOST, str(primary.port), *server_args))
+        for _ in range(sentinels):
+            group.sentinels.append(start_sentinel(binary, primary.port))
+        group.wait_settled()
+        _wait_sentinels_know_each_other(group, replicas)
+        yield group
+    finally:
+        group.stop()
+
+
+def _wait_sentinels_know_each_other(group: SentinelGroup, replicas: int, timeout: float = 30.0) -> None:
+    # Sentinels find each other and the replicas through the primary (hello messages every
+    # 2 s); a failover needs a quorum of them, so wait until each sees the whole group.
+    deadline = time.monotonic() + timeout
+    for sentinel in group.sentinels:
+        client = sentinel.client(socket_timeout=1)
+        try:
+            while True:
+                with contextlib.suppress(redis.RedisError):
+                    state = client.execute_command("SENTINEL MASTER", group.service)
+                    if isinstance(state, list):
+                        state = dict(zip(state[::2], state[1::2], strict=True))
+                    state = {_text(k): _text(v) for k, v in state.items()}
+                    others, seen = int(state["num-other-sentinels"]), int(state["num-slaves"])
+                    if others == len(group.sentinels) - 1 and seen == replicas:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the sentinels did not find each other")
+                time.sleep(0.1)
+        finally:
+            client.close()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -435,7 +435,7 @@ def test_raising_handler_gives_the_key_back(framework: str, service: Service) ->
 
 
 def test_streamed_response_over_the_limit_is_passed_whole_and_not_rerun(framework: str, service: Service) -> None:
-    """A 4 KiB stream over max_response_bytes=2048 arrives whole, marked unstored; a duplicate is 500, not a rerun."""
+    """A 4 KiB stream over max_response_bytes=2048 arrives whole, marked unstored; a duplicate is 422, not a rerun."""
     with running(framework, service, max_response_bytes=2048) as http:
         headers = key()
         first = http.post("/stream", json=BODY, headers=headers)
@@ -443,7 +443,7 @@ def test_streamed_response_over_the_limit_is_passed_whole_and_not_rerun(framewor
     assert first.status_code == 200
     assert first.content == b"A" * 1024 + b"B" * 1024 + b"C" * 1024 + b"D" * 1024
     assert first.headers["idempotent-stored"] == "false"
-    assert "was not kept" in problem(duplicate, 500)["detail"]
+    assert "was not kept" in problem(duplicate, 422)["detail"]
     assert service.runs["/stream"] == 1
 
 
@@ -537,3 +537,27 @@ def _header(scope: Any, name: bytes) -> str | None:
         if header == name:
             return str(value.decode("latin-1"))
     return None
+
+
+def test_gzip_inside_the_middleware_is_negotiated_on_replay(service: Service) -> None:
+    """Starlette's GZipMiddleware inside it: a duplicate sending Accept-Encoding: identity gets the plain body."""
+    from starlette.middleware.gzip import GZipMiddleware
+
+    async def order(request: Request) -> Response:
+        service.runs["/orders"] += 1
+        return JSONResponse({"order": "ord_1", "lines": ["tea"] * 200}, status_code=201)
+
+    app = Starlette(routes=[Route("/orders", order, methods=["POST"])], lifespan=service.lifespan)
+    app.add_middleware(GZipMiddleware, minimum_size=100)  # added first: it runs inside
+    app.add_middleware(IdempotencyMiddleware, client=service.client, namespace=service.namespace)
+    headers = key()
+    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        first = http.post("/orders", json=BODY, headers={**headers, "Accept-Encoding": "gzip"})
+        plain = http.post("/orders", json=BODY, headers={**headers, "Accept-Encoding": "identity"})
+        zipped = http.post("/orders", json=BODY, headers={**headers, "Accept-Encoding": "gzip"})
+    assert first.headers["content-encoding"] == zipped.headers["content-encoding"] == "gzip"
+    assert "content-encoding" not in plain.headers
+    assert plain.headers["idempotent-replayed"] == zipped.headers["idempotent-replayed"] == "true"
+    assert plain.json() == zipped.json() == first.json()  # httpx decodes gzip: one answer, two encodings
+    assert int(plain.headers["content-length"]) == len(plain.content)
+    assert service.runs["/orders"] == 1

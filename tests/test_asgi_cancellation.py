@@ -24,7 +24,8 @@ import redis.asyncio
 
 from goblin_claim import AsyncClaim
 from goblin_claim._core import DONE_PREFIX
-from goblin_claim.asgi import IdempotencyMiddleware, Message, Scope, _fingerprint
+from goblin_claim._http import make_options, request_fingerprint
+from goblin_claim.asgi import IdempotencyMiddleware, Message, Scope
 from tests import servers
 from tests.conftest import unique
 
@@ -91,7 +92,8 @@ class Setting:
     key: str = field(default_factory=lambda: unique("req"))
     app: App = field(default_factory=App)
     middleware: IdempotencyMiddleware = field(init=False)
-    foreign: str = f"a-crashed-owner.{_fingerprint(b'', BODY)}"  # the same request, as the middleware's token says
+    # The same request, as the middleware's token says (a JSON body: its canonical fingerprint).
+    foreign: str = f"a-crashed-owner.{request_fingerprint(make_options(), None, b'application/json', b'', BODY)}"
 
     def __post_init__(self) -> None:
         if self.flow == "5xx":

@@ -8,10 +8,12 @@ with the native commands.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import subprocess
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,7 @@ from goblin_claim import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     ServerError,
+    _http,
 )
 from goblin_claim.asgi import DEFAULT_REPLAY_HEADERS, IdempotencyMiddleware, Message, Scope
 from goblin_claim.testing import fake_async_redis
@@ -281,7 +284,8 @@ def test_defaults() -> None:
     assert middleware.methods == frozenset({"POST", "PATCH"})
     assert (middleware.required, middleware.lease, middleware.ttl, middleware.wait) == (False, 30, 86400, 0.0)
     assert middleware.max_body_bytes == middleware.max_response_bytes == 1024 * 1024
-    assert middleware.replay_headers == DEFAULT_REPLAY_HEADERS
+    assert middleware.replay_headers is None  # every header but the deny-list
+    assert "set-cookie" in middleware.never_replayed
     assert middleware.namespace == "goblin-http"
     assert middleware.header == "Idempotency-Key"
 
@@ -382,17 +386,41 @@ def test_missing_key_when_required_is_400() -> None:
     run(scenario)
 
 
-def test_scope_function_separates_keys_and_must_return_str() -> None:
-    """The scope function puts each user's keys apart; returning something other than str or None is a TypeError."""
+def test_scope_function_separates_keys_and_accepts_str_int_and_uuid() -> None:
+    """The scope function puts each user's keys apart (str, int and UUID owners); any other type is a TypeError."""
 
     async def scenario(client: Any) -> None:
         app = App()
         middleware = wrap(app, client, scope=lambda scope: scope.get("user"))
-        for user in ("alice", "bob", None, "alice"):
-            await call(middleware, {**http_scope(), "user": user}, b"{}")
-        assert app.runs == 3
-        with pytest.raises(InvalidArgumentTypeError, match="str or None"):
-            await call(middleware, {**http_scope(), "user": 7}, b"{}")
+        owner = uuid.uuid4()
+        for user in ("alice", "bob", 7, "7", owner, "alice", 7, owner):
+            reply = await call(middleware, {**http_scope(), "user": user}, b"{}")
+            assert reply.status == 201
+        assert app.runs == 5  # the int 7 and the string "7" are two owners
+        with pytest.raises(InvalidArgumentTypeError, match="str, int, UUID or None"):
+            await call(middleware, {**http_scope(), "user": 7.5}, b"{}")
+        assert app.runs == 5
+
+    run(scenario)
+
+
+def test_a_scope_function_finding_no_owner_fails_closed_without_running_the_app() -> None:
+    """None or "" from the scope function is answered 403 without running the app, unless shared_scope=True."""
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        middleware = wrap(app, client, scope=lambda scope: scope.get("user"))
+        for user in (None, ""):
+            reply = await call(middleware, {**http_scope(), "user": user}, b"{}")
+            assert reply.status == 403
+            assert reply.header(b"content-type") == b"application/problem+json"
+            assert "after authentication" in json.loads(reply.body)["detail"]
+        assert app.runs == 0
+        shared = wrap(app, client, scope=lambda scope: scope.get("user"), shared_scope=True)
+        for _ in range(2):
+            reply = await call(shared, {**http_scope(), "user": None}, b"{}")
+            assert reply.status == 201
+        assert app.runs == 1  # one shared space: the second is a replay
 
     run(scenario)
 
@@ -470,6 +498,86 @@ def test_a_client_gone_before_its_body_runs_nothing() -> None:
 # --------------------------------------------------------------------------- what is stored, and how
 
 
+@pytest.mark.parametrize("kind", ["application/x-ndjson", "application/x-custom-feed"])
+def test_a_stream_type_passes_each_chunk_through_at_once_and_is_never_rerun(kind: str) -> None:
+    """An NDJSON (or listed) response reaches the client chunk by chunk while the app runs; a duplicate gets 422."""
+    seen_before_end: list[int] = []
+
+    async def scenario(client: Any) -> None:
+        forwarded: list[Message] = []
+
+        async def app(scope: Scope, receive: Any, send: Any) -> None:
+            await receive()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind.encode())]})
+            for line in (b'{"n":1}\n', b'{"n":2}\n'):
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+                seen_before_end.append(len(forwarded))  # what the client has had by now
+            await send({"type": "http.response.body", "body": b""})
+
+        types = ("application/x-custom-feed",) if kind.endswith("feed") else _http.DEFAULT_STREAM_TYPES
+        middleware = wrap(app, client, stream_types=types)
+
+        async def send(message: Message) -> None:
+            forwarded.append(message)
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        await middleware(http_scope(), receive, send)
+        assert seen_before_end == [2, 3]  # start + first line, then the second line: nothing held back
+        duplicate = await call(middleware, http_scope(), b"{}")
+        assert "was not kept" in duplicate.problem(422)["detail"]
+
+    run(scenario)
+
+
+def test_headers_the_app_set_are_replayed_but_not_the_exchanges_own(native: bool) -> None:
+    """By default a custom header (X-Order-Id) is replayed; Set-Cookie, Date, Server and trace ids are not."""
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"x-order-id", b"ord_1"),
+        (b"set-cookie", b"s=1"),
+        (b"date", b"Tue, 01 Dec 2026 10:00:00 GMT"),
+        (b"server", b"uvicorn"),
+        (b"traceparent", b"00-abc-def-01"),
+    ]
+
+    async def scenario(client: Any) -> None:
+        app = App(headers=headers)
+        middleware = wrap(app, client)
+        await call(middleware, http_scope(), b"{}")
+        again = await call(middleware, http_scope(), b"{}")
+        assert again.header(b"x-order-id") == b"ord_1"
+        for name in (b"set-cookie", b"date", b"server", b"traceparent"):
+            assert again.header(name) is None, name
+        assert app.runs == 1
+
+    run(scenario, native)
+
+
+def test_a_body_compressed_inside_the_middleware_is_negotiated_on_replay() -> None:
+    """A gzip body stored from inside is replayed gzip to a client accepting it, plain to one sending identity."""
+    plain = b'{"order": "ord_1"}' * 20
+    headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip"), (b"vary", b"Accept-Encoding")]
+
+    async def scenario(client: Any) -> None:
+        app = App(headers=headers, chunks=[gzip.compress(plain)])
+        middleware = wrap(app, client)
+        await call(middleware, http_scope(accept_encoding="gzip"), b"{}")
+        zipped = await call(middleware, http_scope(accept_encoding="gzip, br"), b"{}")
+        assert zipped.header(b"content-encoding") == b"gzip"
+        assert gzip.decompress(zipped.body) == plain
+        for refusing in ("identity", "br;q=1, gzip;q=0"):
+            unzipped = await call(middleware, http_scope(accept_encoding=refusing), b"{}")
+            assert unzipped.header(b"content-encoding") is None, refusing
+            assert unzipped.body == plain
+            assert unzipped.header(b"content-length") == str(len(plain)).encode()
+            assert unzipped.header(b"vary") == b"Accept-Encoding"
+        assert app.runs == 1
+
+    run(scenario)
+
+
 def test_replay_is_byte_for_byte_with_allow_listed_headers_in_order(native: bool) -> None:
     """Binary bodies, repeated and latin-1 headers replay exactly; unlisted headers and cookies do not."""
     headers = [
@@ -536,9 +644,9 @@ def test_a_client_decoding_responses_replays_the_same_bytes() -> None:
     run(scenario, decode_responses=True)
 
 
-@pytest.mark.parametrize("status", [400, 404, 409, 301])
+@pytest.mark.parametrize("status", [400, 409, 422, 301])
 def test_client_errors_and_redirects_are_stored(status: int) -> None:
-    """A 4xx (other than those asking for a retry) or 3xx is the answer: stored and replayed."""
+    """A 4xx the endpoint answered (not a retry, auth or routing status) or a 3xx is stored and replayed."""
 
     async def scenario(client: Any) -> None:
         app = App(status=status)
@@ -548,6 +656,43 @@ def test_client_errors_and_redirects_are_stored(status: int) -> None:
         assert again.status == status
         assert again.header(b"idempotent-replayed") == b"true"
         assert app.runs == 1
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 405])
+def test_routing_and_auth_answers_are_not_kept_by_default(status: int) -> None:
+    """A 401, 403, 404 or 405 (no endpoint ran, or it refused the caller) is sent, not kept: the fixed retry runs."""
+
+    async def scenario(client: Any) -> None:
+        app = App(status=status)
+        middleware = wrap(app, client)
+        first = await call(middleware, http_scope(), b"{}")
+        again = await call(middleware, http_scope(), b"{}")
+        assert first.status == again.status == status
+        assert again.header(b"idempotent-replayed") is None
+        assert app.runs == 2
+
+    run(scenario)
+
+
+def test_release_statuses_chooses_what_is_kept() -> None:
+    """release_statuses=() keeps a 404 (replayed); release_statuses={409} gives a 409 back (run again)."""
+
+    async def scenario(client: Any) -> None:
+        app = App(status=404)
+        keep_all = wrap(app, client, release_statuses=())
+        for _ in range(2):
+            await call(keep_all, http_scope(key="k-404"), b"{}")
+        assert app.runs == 1
+        conflict = App(status=409)
+        release = wrap(conflict, client, release_statuses={409})
+        for _ in range(2):
+            reply = await call(release, http_scope(key="k-409"), b"{}")
+            assert reply.header(b"idempotent-replayed") is None
+        assert conflict.runs == 2
+        with pytest.raises(InvalidArgumentTypeError, match="status codes"):
+            wrap(app, client, release_statuses=[404, "500"])
 
     run(scenario)
 
@@ -718,7 +863,7 @@ def test_a_send_failing_after_the_client_left_keeps_the_key_closed() -> None:
 
 
 def test_a_response_over_the_limit_is_passed_whole_marked_and_never_rerun(caplog: pytest.LogCaptureFixture) -> None:
-    """Past max_response_bytes the response still arrives whole (chunks intact), marked, logged; duplicates get 500."""
+    """Past max_response_bytes the response still arrives whole (chunks intact), marked, logged; duplicates get 422."""
 
     async def scenario(client: Any) -> None:
         chunks = [b"a" * 40, b"b" * 40, b"c" * 40]
@@ -731,7 +876,7 @@ def test_a_response_over_the_limit_is_passed_whole_marked_and_never_rerun(caplog
         assert [m.get("more_body", False) for m in first.messages[1:]] == [True, False]
         assert "max_response_bytes=50" in caplog.text
         duplicate = await call(middleware, http_scope(), b"{}")
-        detail = duplicate.problem(500)["detail"]
+        detail = duplicate.problem(422)["detail"]
         assert "answered 201" in detail
         assert "max_response_bytes=50" in detail
         assert app.runs == 1
@@ -791,7 +936,7 @@ def test_streams_trailers_and_files_pass_through_unstored(kind: str) -> None:
             }[kind]
         )
         assert first.header(b"idempotent-stored") == b"false"
-        (await call(middleware, http_scope(), b"{}")).problem(500)
+        (await call(middleware, http_scope(), b"{}")).problem(422)
         assert app.runs == 1
 
     run(scenario)
@@ -889,7 +1034,7 @@ def test_a_store_refused_by_redis_keeps_the_key_closed(monkeypatch: pytest.Monke
         first = await call(middleware, http_scope(), b"{}")
         assert (first.status, first.body) == (201, b'{"ok":true}')
         assert first.header(b"idempotent-stored") == b"false"
-        assert "could not be stored: OOM" in (await call(middleware, http_scope(), b"{}")).problem(500)["detail"]
+        assert "could not be stored: OOM" in (await call(middleware, http_scope(), b"{}")).problem(422)["detail"]
         assert app.runs == 1
         assert json.loads(refused[0])["kind"] == "http_response"
 
@@ -929,15 +1074,22 @@ def test_a_lost_result_is_500() -> None:
     run(scenario)
 
 
-def test_an_unreadable_stored_value_is_500() -> None:
-    """A result key holding something else (another writer) is 500 with a preview, not a replay of garbage."""
+def test_an_unreadable_stored_value_is_500_and_never_echoed(caplog: pytest.LogCaptureFixture) -> None:
+    """A result key holding something else (another writer) is 500; its bytes and the key appear in no answer or log."""
 
     async def scenario(client: Any) -> None:
         app = App()
         middleware = wrap(app, client)
-        await call(middleware, http_scope(), b"{}")
+        await call(middleware, http_scope(key="customer-key-42"), b"{}")
         (result_key,) = await client.keys(f"{NS}:*:result")
-        await client.set(result_key, b"not an envelope")
-        assert "unreadable" in (await call(middleware, http_scope(), b"{}")).problem(500)["detail"]
+        await client.set(result_key, b"card 4242 not an envelope")
+        with caplog.at_level(logging.DEBUG, logger="goblin_claim"):
+            reply = await call(middleware, http_scope(key="customer-key-42"), b"{}")
+        assert "unreadable" in reply.problem(500)["detail"]
+        assert b"4242" not in reply.body
+        assert caplog.records
+        for record in caplog.records:
+            assert "4242" not in record.getMessage()
+            assert "customer-key-42" not in record.getMessage()
 
     run(scenario)

@@ -74,7 +74,7 @@ def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(
 ) -> None:
     """Stock Redis with noeviction: scripts load, the module is optional, the ACL check passes; exit 0, no keys left."""
     namespace = unique("doctor")
-    status, text = run("doctor", "--url", url(redis_standalone), "--namespace", namespace)
+    status, text = run("doctor", "--url", url(redis_standalone), "--namespace", namespace, "--ephemeral")
     assert status == 0, text
     assert "standalone" in text
     assert "GOBLIN.CLAIM / GOBLIN.CAD are not loaded" in text
@@ -88,7 +88,7 @@ def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(
 
 def test_doctor_on_the_module_server_finds_the_native_commands(redis_native: servers.RedisProcess) -> None:
     """With the module loaded: GOBLIN.CLAIM / GOBLIN.CAD found, and the ACL check runs them too."""
-    status, text = run("doctor", "--url", url(redis_native), "--namespace", unique("doctor"))
+    status, text = run("doctor", "--url", url(redis_native), "--namespace", unique("doctor"), "--ephemeral")
     assert status == 0, text
     assert "GOBLIN.CLAIM and GOBLIN.CAD are loaded" in text
     assert "claim (GOBLIN.CLAIM)" in text
@@ -97,7 +97,7 @@ def test_doctor_on_the_module_server_finds_the_native_commands(redis_native: ser
 
 def test_doctor_on_the_module_cluster_checks_every_primary(redis_native_cluster: list[servers.RedisProcess]) -> None:
     """Given one node of a cluster with the module everywhere: a cluster of 3 primaries, native, no problem."""
-    status, text = run("doctor", "--url", url(redis_native_cluster[1]), "--namespace", unique("doctor"))
+    status, text = run("doctor", "--url", url(redis_native_cluster[1]), "--namespace", unique("doctor"), "--ephemeral")
     assert status == 0, text
     assert "a cluster of 3 primaries" in text
     assert "GOBLIN.CLAIM and GOBLIN.CAD are loaded" in text
@@ -107,7 +107,7 @@ def test_doctor_on_the_module_cluster_checks_every_primary(redis_native_cluster:
 
 def test_doctor_on_a_stock_cluster(redis_cluster: list[servers.RedisProcess]) -> None:
     """A cluster without the module: the scripts are used, no problem."""
-    status, text = run("doctor", "--url", url(redis_cluster[0]), "--namespace", unique("doctor"))
+    status, text = run("doctor", "--url", url(redis_cluster[0]), "--namespace", unique("doctor"), "--ephemeral")
     assert status == 0, text
     assert "a cluster of 3 primaries" in text
     assert "not loaded" in text

@@ -55,11 +55,29 @@ HANDLERS = {
         "GET passes through       -> status=200",
         "orders created: ['tea', 'coffee']",
     ],
+    "flask_service.py": [
+        "retry while running      -> status=409",
+        "retry after it ended     -> status=201 replayed=true",
+        "same key, new body       -> status=422",
+        "no key                   -> status=400",
+        "no user                  -> status=403",
+        "same key, other user     -> status=201 replayed=-",
+        "orders created: ['tea', 'coffee']",
+    ],
+    "django_service.py": [
+        "retry while running      -> status=409",
+        "retry after it ended     -> status=201 replayed=true",
+        "same key, new body       -> status=422",
+        "no user                  -> status=403",
+        "unknown path             -> status=404",
+        "refund again, by bob     -> status=201 replayed=true",
+        "work done: ['tea', 'coffee', 'refund']",
+    ],
 }
 
 
 def test_handler_examples_on_the_embedded_fake() -> None:
-    """The handler examples (the decorator on a webhook, the ASGI middleware on a FastAPI service) run as promised."""
+    """The handler examples (the decorator on a webhook, the HTTP doors on FastAPI, Flask, Django) run as promised."""
     for script, expected in HANDLERS.items():
         output = _run(script, REDIS_URL="")
         for text in expected:
@@ -94,4 +112,31 @@ def test_fencing_example_on_a_real_server(redis_standalone: RedisProcess) -> Non
     """The fencing example runs unchanged against a real server."""
     output = _run("fencing.py", REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
     for text in FENCING:
+        assert text in output, text
+
+
+OBSERVABILITY = [
+    "charged ord-",
+    ": 1 time(s)",
+    "took over a claim whose lease lapsed",
+    "result is gone",
+    "call       completed          1",
+    "wait       taken_over         1",
+    "goblin_claim.wait        outcome=taken_over",
+    "taken over",
+    "done",
+]
+
+
+def test_observability_example_on_the_embedded_fake() -> None:
+    """The observability example prints the operator's WARNINGs, the listener's counts, spans and the histogram."""
+    output = _run("observability.py", REDIS_URL="")
+    for text in OBSERVABILITY:
+        assert text in output, text
+
+
+def test_observability_example_on_a_real_server(redis_standalone: RedisProcess) -> None:
+    """The observability example runs unchanged against a real server."""
+    output = _run("observability.py", REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
+    for text in OBSERVABILITY:
         assert text in output, text

@@ -751,21 +751,6 @@ def check_storm(raw: Any, namespace: str, result: Storm) -> int:
     return sum(len(found) for found in runs.values())
 
 
-@pytest.fixture
-def own_server(redis_server_binary: str) -> Iterator[Callable[..., RedisProcess]]:
-    """Start redis-servers of this test's own (stopped by PID afterwards)."""
-    started: list[RedisProcess] = []
-
-    def start(*extra: str) -> RedisProcess:
-        server = start_server(redis_server_binary, *extra)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["default", "no-retries"])
 def test_client_kill_storm_runs_each_of_2000_ids_once(

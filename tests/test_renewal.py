@@ -33,7 +33,7 @@ from goblin_claim._keepalive import COALESCE
 from tests import servers
 from tests.conftest import IN_CI, unique
 from tests.proxy import FaultProxy
-from tests.servers import HOST, RedisProcess, start_server
+from tests.servers import HOST, RedisProcess
 
 Figures = Callable[[str], None]
 
@@ -41,23 +41,6 @@ LEASE = 3  # the issue's lease: renewals every second
 STALL = 3.0  # the issue's pause: as long as the lease
 WORK = 5.0  # longer than the lease and the stall: without renewals the claim lapses
 EXTEND_SHA = EXTEND.sha.encode()
-
-
-@pytest.fixture
-def own_server(redis_server_binary: str) -> Iterator[Callable[..., RedisProcess]]:
-    """Start redis-servers of this test's own (woken and stopped by PID afterwards)."""
-    started: list[RedisProcess] = []
-
-    def start(*extra: str) -> RedisProcess:
-        server = start_server(redis_server_binary, *extra)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(server.process.pid, signal.SIGCONT)  # a frozen server cannot stop
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@
 -- ARGV[3] ttl: retention in seconds, a positive integer
 -- ARGV[4] marker: what claim_key holds once the work is done (never equal to a token)
 -- ARGV[5] wake: "publish" or "spublish" (a cluster's sharded channel) announces on
---   the channel named claim_key, so waiters learn of it at once; anything else does not
+--   the channel named claim_key, so waiters learn of it at once; anything else does not.
+--   A refused announcement (an ACL without it) is ignored: the reply is still 1
 -- ARGV[6] fence (with KEYS[3]): the fence this owner was given; "" when unknown
 -- returns 1 when the value is stored: written now, or already written by this
 --   token (a re-sent call); 0 when another owner holds or completed the claim, or
@@ -25,6 +26,9 @@ end
 local stored = redis.call("get", KEYS[2])
 if holder == ARGV[4] and stored then
   if stored == ARGV[2] then
+    -- A re-sent complete, perhaps on a new connection: rewrite the marker unchanged
+    -- so a WAIT behind this (replicas=) counts the replicas that have the result.
+    redis.call("set", KEYS[1], holder, "KEEPTTL")
     return 1
   end
   return 2
@@ -47,6 +51,8 @@ end
 redis.call("set", KEYS[2], ARGV[2], "EX", ARGV[3])
 redis.call("set", KEYS[1], ARGV[4], "EX", ARGV[3])
 if ARGV[5] == "publish" or ARGV[5] == "spublish" then
-  redis.call(ARGV[5], KEYS[1], "done")
+  -- pcall: the writes above are done and stay (scripts are not rolled back); a
+  -- user without pub/sub must still be told so. Waiters then find it by polling.
+  redis.pcall(ARGV[5], KEYS[1], "done")
 end
 return 1

@@ -5,6 +5,6 @@
 -- returns how many of the two keys existed (0 when there was nothing to forget)
 local deleted = redis.call("del", KEYS[1], KEYS[2])
 if deleted > 0 and (ARGV[1] == "publish" or ARGV[1] == "spublish") then
-  redis.call(ARGV[1], KEYS[1], "free")
+  redis.pcall(ARGV[1], KEYS[1], "free")  -- refused (ACL): waiters poll
 end
 return deleted

@@ -15,4 +15,9 @@ local holder = redis.pcall("get", KEYS[1])
 if type(holder) ~= "string" then
   return {}
 end
-return {holder, redis.call("pttl", KEYS[1])}
+-- The lease left is a hint: a user without PTTL still reads.
+local left = redis.pcall("pttl", KEYS[1])
+if type(left) ~= "number" then
+  left = false
+end
+return {holder, left}

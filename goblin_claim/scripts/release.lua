@@ -6,7 +6,7 @@
 if redis.call("get", KEYS[1]) == ARGV[1] then
   redis.call("del", KEYS[1])
   if ARGV[2] == "publish" or ARGV[2] == "spublish" then
-    redis.call(ARGV[2], KEYS[1], "free")
+    redis.pcall(ARGV[2], KEYS[1], "free")  -- refused (ACL): waiters poll
   end
   return 1
 end

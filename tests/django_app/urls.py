@@ -1,4 +1,4 @@
-"""URLs: a health check and one sync and one async view."""
+"""URLs: a health check, one sync and one async view, one with its own idempotency options."""
 
 from __future__ import annotations
 
@@ -10,4 +10,5 @@ urlpatterns = [
     path("health", views.health),
     path("orders/sync", views.order_sync),
     path("orders/async", views.order_async),
+    path("orders/own", views.order_own),
 ]

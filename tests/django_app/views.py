@@ -16,6 +16,8 @@ import redis
 import redis.asyncio
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from goblin_claim.django import idempotent_view
+
 PORT = int(os.environ["GOBLIN_TEST_REDIS_PORT"])
 COUNTERS = f"{os.environ['GOBLIN_TEST_NAMESPACE']}:runs"
 DELAY = float(os.environ.get("GOBLIN_TEST_DELAY", "1.5"))
@@ -53,3 +55,10 @@ async def order_async(request: HttpRequest) -> JsonResponse:
     await asyncio.sleep(DELAY)
     await client.incr(f"{COUNTERS}:async:finished")
     return JsonResponse({"order": f"ord_{run}", "items": items}, status=201)
+
+
+@idempotent_view(required=True, scope=None)
+def order_own(request: HttpRequest) -> JsonResponse:
+    """A view with its own options (a key required, no scope): the middleware leaves it to its decorator."""
+    run = _sync().incr(f"{COUNTERS}:own")
+    return JsonResponse({"order": f"ord_{run}"}, status=201)

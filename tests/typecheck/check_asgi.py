@@ -29,7 +29,15 @@ def tenant(scope: Scope) -> str | None:
 
 
 api.add_middleware(IdempotencyMiddleware, client=redis.asyncio.Redis(), scope=tenant, max_response_bytes=4096)
-api.add_middleware(IdempotencyMiddleware, client=redis.asyncio.Redis(), scope=len)  # type: ignore[arg-type]
+api.add_middleware(IdempotencyMiddleware, client=redis.asyncio.Redis(), scope=len)  # an int owner is fine
+
+
+def ratio(scope: Scope) -> float:
+    """Not an owner: a float."""
+    return 0.5
+
+
+api.add_middleware(IdempotencyMiddleware, client=redis.asyncio.Redis(), scope=ratio)  # type: ignore[arg-type]
 
 # The middleware is itself an ASGI app, in its own terms and in Starlette's.
 wrapped: ASGIApp = IdempotencyMiddleware(api, client=redis.asyncio.Redis())

@@ -1,0 +1,494 @@
+"""Django's door to the ``Idempotency-Key`` rules: a middleware (WSGI and ASGI), a per-view decorator, a check.
+
+In ``settings.py``, after authentication, so a ``scope`` function sees ``request.user``::
+
+    INSTALLED_APPS = [..., "goblin_claim.django.GoblinClaimConfig"]  # registers the system check
+    MIDDLEWARE = [
+        ...,
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "goblin_claim.django.IdempotencyMiddleware",
+        ...,
+    ]
+    GOBLIN_CLAIM_IDEMPOTENCY = {
+        "client": "redis://localhost:6379/0",   # a URL, a redis client, or a dotted path to a factory
+        "required": True,
+        "scope": lambda request: request.user.pk,
+    }
+
+The options are the ASGI middleware's, in lower case. One entry serves both
+worlds: under WSGI the middleware claims through a sync client, under ASGI
+through an asyncio one (a URL gives each its own; a client or a factory must be
+of the kind the server runs). It acts once routing is done: a request no URL
+matches passes through unclaimed (its 404 is never kept), and so does a view
+wearing its own ``@idempotent_view(...)`` options::
+
+    @idempotent_view(required=True, ttl=3600)
+    def charge(request): ...
+
+Every decision (key, scope, fingerprint, what is kept, problem answers) is the
+shared core's; the stored envelopes are the other doors', so a Django service and
+a Starlette one over one Redis replay each other's answers.
+
+Not guaranteed: under ASGI Django cancels an async view when its client leaves
+and lets a sync view finish in its thread; either way the key is kept closed
+(duplicates get 422), since what the view did is unknown.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.apps import AppConfig
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.urls import Resolver404, resolve
+
+from . import _events, _http, asgi, wsgi
+from ._async import AsyncClaim
+from ._core import client_kind
+from ._http import UNSTORED_HEADER, Answer, Options
+from ._server import to_the_end_async
+from ._sync import Claim
+
+__all__ = ["SETTING", "GoblinClaimConfig", "IdempotencyMiddleware", "check_middleware_order", "idempotent_view"]
+
+SETTING = "GOBLIN_CLAIM_IDEMPOTENCY"
+"""The settings dict the middleware and the decorator read their options from."""
+_MIDDLEWARE = "goblin_claim.django.IdempotencyMiddleware"
+_AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
+_MARK = "_goblin_claim_idempotency"  # on a view wearing its own options: the middleware leaves it alone
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+class GoblinClaimConfig(AppConfig):
+    """``"goblin_claim.django.GoblinClaimConfig"`` in ``INSTALLED_APPS``: ``manage.py check`` runs its check."""
+
+    name = "goblin_claim.django"
+    label = "goblin_claim"
+    verbose_name = "goblin-claim idempotency"
+    default = True
+
+
+class _Door:
+    """The options and clients one middleware or decorator claims through (clients made on first use)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        config = dict(config)
+        self._client_setting = config.pop("client", None)
+        if self._client_setting is None:
+            raise ImproperlyConfigured(f"{SETTING} needs a 'client': a redis URL, a redis client or a dotted path")
+        try:
+            self.options: Options = _http.make_options(**config)
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"{SETTING}: {exc}") from exc
+        self._sync: Any = None
+        self._async: Any = None
+
+    def _made(self, want_async: bool) -> Any:
+        setting = self._client_setting
+        if isinstance(setting, str) and "://" in setting:
+            if want_async:
+                pool = redis.asyncio.BlockingConnectionPool.from_url(setting, max_connections=64, timeout=10)
+                return redis.asyncio.Redis.from_pool(pool)
+            return redis.Redis.from_url(setting)
+        made = setting
+        if isinstance(setting, str):
+            module, _, name = setting.rpartition(".")
+            made = getattr(importlib.import_module(module), name)
+        if client_kind(made) is None and callable(made):
+            made = made()
+        if client_kind(made) is not want_async:
+            world = "ASGI: an asyncio client" if want_async else "WSGI: a sync client"
+            raise ImproperlyConfigured(
+                f"{SETTING}['client'] gave {type(made).__module__}.{type(made).__qualname__}; Django runs this "
+                f"middleware under {world} (redis.asyncio.Redis / redis.Redis), or give a URL for both"
+            )
+        return made
+
+    def sync_claim(self, name: str, fp: str) -> Claim:
+        if self._sync is None:
+            self._sync = self._made(False)
+        o = self.options
+        return Claim(self._sync, name, lease=o.lease, ttl=o.ttl, namespace=o.namespace, token=_http.claim_token(fp))
+
+    def async_claim(self, name: str, fp: str) -> AsyncClaim:
+        if self._async is None:
+            self._async = self._made(True)
+        o = self.options
+        return AsyncClaim(
+            self._async, name, lease=o.lease, ttl=o.ttl, namespace=o.namespace, token=_http.claim_token(fp)
+        )
+
+    # -- the request's side, once for both worlds
+
+    def _request(self, request: HttpRequest) -> tuple[str, str] | Answer | None:
+        """``(key, fp)`` of an intercepted request, an answer refusing it, or ``None`` to pass it through."""
+        options = self.options
+        if request.method not in options.methods:
+            return None
+        raw = request.META.get("HTTP_" + options.header.upper().replace("-", "_"))
+        if raw is None:
+            if options.required:
+                return _http.problem(400, f"this request needs an {options.header} header", code="key-missing")
+            return None
+        key = _http.parse_key(options.header, [raw.encode("latin-1")])
+        if isinstance(key, Answer):
+            return key
+        declared = _http.declared_length(request.META.get("CONTENT_LENGTH") or None)
+        if declared is not None and declared > options.max_body_bytes:
+            return _http.problem(413, _http.too_large_detail(options, declared))
+        body = request.body
+        if len(body) > options.max_body_bytes:
+            return _http.problem(413, _http.too_large_detail(options, len(body)))
+        kind = request.META.get("CONTENT_TYPE")
+        query = request.META.get("QUERY_STRING", "").encode("latin-1")
+        fp = _http.request_fingerprint(options, request, None if kind is None else kind.encode("latin-1"), query, body)
+        return key, fp
+
+    def _name(self, request: HttpRequest, owner: str | None, key: str) -> str:
+        return _http.claim_name(request.method or "", request.path, owner, key)
+
+    # -- WSGI (sync)
+
+    def handle(self, request: HttpRequest, call: Callable[[HttpRequest], HttpResponseBase]) -> HttpResponseBase:
+        """Run ``call(request)`` once per key (sync), replaying its response to duplicates."""
+        parsed = self._request(request)
+        if parsed is None:
+            return call(request)
+        if isinstance(parsed, Answer):
+            return _response(parsed, self.options.problem_docs)
+        key, fp = parsed
+        owner = _http.owner_of(self.options, request)
+        if isinstance(owner, Answer):
+            return _response(owner, self.options.problem_docs)
+        claim = self.sync_claim(self._name(request, owner, key), fp)
+        # One "request" event, taking the outcome of the claim's round trips inside it.
+        with _events.observing("request", claim) as op:
+            return self._claimed_sync(request, call, claim, fp, op)
+
+    def _claimed_sync(
+        self,
+        request: HttpRequest,
+        call: Callable[[HttpRequest], HttpResponseBase],
+        claim: Claim,
+        fp: str,
+        op: _events.Op | _events._NoOp,
+    ) -> HttpResponseBase:
+        opened = wsgi.open_claim(self.options, claim, fp, _accept(request))
+        if opened is not None:
+            if opened.code == "key-reused":
+                op.note("payload_mismatch")
+            return _response(opened, self.options.problem_docs)
+        keep = claim.keep_alive()
+        keep.__enter__()
+        try:
+            response = call(request)  # Django turns a view's exception into a 500 response
+        except BaseException as error:
+            keep.__exit__(None, None, None)
+            if isinstance(error, Exception):
+                wsgi.give_back(claim)
+            else:  # SystemExit (gunicorn's timeout): the view began, what it did is unknown
+                wsgi.abandon(claim, fp, f"the worker was stopped mid-request ({type(error).__name__})")
+            raise
+        status = response.status_code
+        if self.options.given_back(status):
+            keep.__exit__(None, None, None)
+            wsgi.give_back(claim)
+            return response
+        reason = self._unkept(response)
+        if reason is not None:
+            return self._pass_sync(response, claim, fp, reason, keep)
+        keep.__exit__(None, None, None)
+        assert isinstance(response, HttpResponse)
+        payload = _http.stored_payload(fp, status, _byte_headers(response), self.options.keeps_header, response.content)
+        stored = wsgi.store(claim, payload, status, fp)
+        return self._sent(response, stored)
+
+    def _pass_sync(self, response: HttpResponseBase, claim: Claim, fp: str, reason: str, keep: Any) -> HttpResponseBase:
+        response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
+        status = response.status_code
+        if not isinstance(response, StreamingHttpResponse):
+            keep.__exit__(None, None, None)
+            wsgi.mark(claim, _http.unstored_payload(fp, status, reason))
+            return response
+        inner = response.streaming_content
+
+        def passing() -> Iterator[bytes]:
+            ended = False
+            try:
+                yield from inner
+                ended = True
+            finally:
+                keep.__exit__(None, None, None)
+                if ended:
+                    wsgi.mark(claim, _http.unstored_payload(fp, status, reason))
+                else:
+                    wsgi.abandon(claim, fp, "the streamed response was not sent whole (the client left)")
+
+        response.streaming_content = passing()
+        return response
+
+    # -- ASGI (async)
+
+    async def ahandle(
+        self, request: HttpRequest, call: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
+    ) -> HttpResponseBase:
+        """Run ``await call(request)`` once per key (async), replaying its response to duplicates."""
+        parsed = self._request(request)
+        if parsed is None:
+            return await call(request)
+        if isinstance(parsed, Answer):
+            return _response(parsed, self.options.problem_docs)
+        key, fp = parsed
+        # The scope function may touch request.user, a lazy database read Django refuses in an event loop.
+        owner = await sync_to_async(_http.owner_of)(self.options, request) if self.options.scope else None
+        if isinstance(owner, Answer):
+            return _response(owner, self.options.problem_docs)
+        claim = self.async_claim(self._name(request, owner, key), fp)
+        # One "request" event, taking the outcome of the claim's round trips inside it.
+        with _events.observing("request", claim) as op:
+            return await self._claimed_async(request, call, claim, fp, op)
+
+    async def _claimed_async(
+        self,
+        request: HttpRequest,
+        call: Callable[[HttpRequest], Awaitable[HttpResponseBase]],
+        claim: AsyncClaim,
+        fp: str,
+        op: _events.Op | _events._NoOp,
+    ) -> HttpResponseBase:
+        opened = await asgi.open_claim(self.options, claim, fp, _accept(request))
+        if opened is not None:
+            if opened.code == "key-reused":
+                op.note("payload_mismatch")
+            return _response(opened, self.options.problem_docs)
+        try:
+            async with claim.keep_alive():
+                response = await call(request)
+        except BaseException as error:
+            if isinstance(error, Exception):
+                await to_the_end_async(asgi.give_back(claim))
+            else:  # cancelled: Django does this when the client disconnects; the view began
+                cancelled = "the request was cancelled after it began (the client disconnected or the server stopped)"
+                await to_the_end_async(_abandon_async(claim, fp, cancelled))
+            raise
+        status = response.status_code
+        if self.options.given_back(status):
+            await to_the_end_async(asgi.give_back(claim))
+            return response
+        reason = self._unkept(response)
+        if reason is not None:
+            return await self._pass_async(response, claim, fp, reason)
+        assert isinstance(response, HttpResponse)
+        payload = _http.stored_payload(fp, status, _byte_headers(response), self.options.keeps_header, response.content)
+        stored = await to_the_end_async(asgi.store(claim, payload, status, fp))
+        return self._sent(response, stored)
+
+    async def _pass_async(self, response: HttpResponseBase, claim: AsyncClaim, fp: str, reason: str) -> Any:
+        response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
+        status = response.status_code
+        marker = _http.unstored_payload(fp, status, reason)
+        if not isinstance(response, StreamingHttpResponse) or not response.is_async:
+            # A sync stream under ASGI is consumed by Django in a thread: marked as passed on.
+            await to_the_end_async(asgi.mark(claim, marker))
+            return response
+        inner = response.streaming_content
+
+        async def passing() -> AsyncIterator[bytes]:
+            ended = False
+            try:
+                async for chunk in inner:
+                    yield chunk
+                ended = True
+            finally:
+                if ended:
+                    await to_the_end_async(asgi.mark(claim, marker))
+                else:
+                    cut = "the streamed response was not sent whole (the client left)"
+                    await to_the_end_async(_abandon_async(claim, fp, cut))
+
+        response.streaming_content = passing()
+        return response
+
+    # -- both
+
+    def _unkept(self, response: HttpResponseBase) -> str | None:
+        """Why a response is passed through rather than stored; ``None`` when it is stored."""
+        if isinstance(response, StreamingHttpResponse):
+            return "it is a streamed response"
+        if not isinstance(response, HttpResponse):
+            return f"it is a {type(response).__name__}"
+        reason = _http.streamed_reason(self.options, _byte_headers(response))
+        if reason is None and len(response.content) > self.options.max_response_bytes:
+            reason = f"its body is larger than max_response_bytes={self.options.max_response_bytes}"
+        return reason
+
+    def _sent(self, response: HttpResponseBase, stored: str) -> HttpResponseBase:
+        if stored == "lost":
+            return _response(_http.problem(503, _http.LOST, retry=True, code="claim-lost"), self.options.problem_docs)
+        if stored == "failed":
+            response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
+        return response
+
+
+async def _abandon_async(claim: AsyncClaim, fp: str, reason: str) -> None:
+    asgi.logger.warning(
+        "key %s: %s; the key is kept closed, duplicates are answered 422", _http.key_digest(claim.key), reason
+    )
+    await asgi.mark(claim, _http.abandoned_payload(fp, reason))
+
+
+def _accept(request: HttpRequest) -> bytes | None:
+    value = request.META.get("HTTP_ACCEPT_ENCODING")
+    return None if value is None else str(value).encode("latin-1")
+
+
+def _byte_headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
+
+
+def _response(answer: Answer, docs: str | None) -> HttpResponse:
+    """A Django response for a whole answer (a problem or a replay)."""
+    answer = _http.documented(answer, docs)
+    response = HttpResponse(answer.body, status=answer.status)
+    del response["Content-Type"]
+    for name, value in answer.headers:
+        response[name.decode("latin-1")] = value.decode("latin-1")
+    return response
+
+
+def _config(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    config = getattr(settings, SETTING, None)
+    if config is None and not overrides:
+        raise ImproperlyConfigured(f"settings.{SETTING} is not set: give at least {{'client': 'redis://...'}}")
+    if config is not None and not isinstance(config, Mapping):
+        raise ImproperlyConfigured(f"settings.{SETTING} must be a dict of options, not {type(config).__name__}")
+    return {**(config or {}), **(overrides or {})}
+
+
+class IdempotencyMiddleware:
+    """Run each ``Idempotency-Key`` request once; replay its response to every duplicate (Django).
+
+    Sync and async capable: Django hands it the chain of the world it runs in.
+    Reads ``settings.GOBLIN_CLAIM_IDEMPOTENCY`` once, when Django builds its
+    middleware; a request is claimed only once its URL resolved to a view (a
+    404 passes through), and a view wearing ``@idempotent_view`` is left to it.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+        self._door = _Door(_config())
+
+    def __call__(self, request: HttpRequest) -> Any:
+        """Handle one request, in the world Django runs (a coroutine under ASGI)."""
+        if self.async_mode:
+            return self._acall(request)
+        if not self._guarded(request):
+            return self.get_response(request)
+        return self._door.handle(request, self.get_response)
+
+    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
+        if not self._guarded(request):
+            response: HttpResponseBase = await self.get_response(request)
+            return response
+        return await self._door.ahandle(request, self.get_response)
+
+    def _guarded(self, request: HttpRequest) -> bool:
+        """Whether this middleware claims the request: a method it intercepts, a URL that resolves, no own options."""
+        if request.method not in self._door.options.methods:
+            return False
+        try:
+            match = resolve(request.path_info, getattr(request, "urlconf", None))
+        except Resolver404:
+            return False  # no endpoint: its 404 is never kept
+        return not hasattr(match.func, _MARK)
+
+
+def idempotent_view(**options: Any) -> Callable[[View], View]:
+    """A view's own ``Idempotency-Key`` options, over ``settings.GOBLIN_CLAIM_IDEMPOTENCY``; sync or async views.
+
+    Args:
+        **options: Any option of the settings dict (``client`` included), overriding it for this view.
+
+    Example::
+
+        @idempotent_view(required=True, scope=lambda request: request.user.pk)
+        def charge(request): ...
+    """
+
+    def decorate(view: View) -> View:
+        door: list[_Door] = []
+
+        def the_door() -> _Door:
+            if not door:
+                door.append(_Door(_config(options)))
+            return door[0]
+
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+                async def call(req: HttpRequest) -> HttpResponseBase:
+                    response: HttpResponseBase = await view(req, *args, **kwargs)
+                    return response
+
+                return await the_door().ahandle(request, call)
+
+            setattr(async_wrapped, _MARK, True)
+            return async_wrapped  # type: ignore[return-value]
+
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return the_door().handle(request, lambda req: view(req, *args, **kwargs))
+
+        setattr(wrapped, _MARK, True)
+        return wrapped  # type: ignore[return-value]
+
+    return decorate
+
+
+@checks.register()
+def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """System check: the middleware runs after authentication, and its settings dict is valid."""
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
+    if _MIDDLEWARE not in middleware:
+        return []
+    found: list[checks.CheckMessage] = []
+    mine = middleware.index(_MIDDLEWARE)
+    if _AUTH in middleware and middleware.index(_AUTH) > mine:
+        found.append(
+            checks.Error(
+                f"{_MIDDLEWARE} is listed before {_AUTH}: its scope function would not see request.user",
+                hint=f"Move {_MIDDLEWARE} after {_AUTH} in MIDDLEWARE.",
+                id="goblin_claim.E001",
+            )
+        )
+    try:
+        door = _Door(_config())
+    except ImproperlyConfigured as exc:
+        found.append(checks.Error(str(exc), id="goblin_claim.E002"))
+        return found
+    if door.options.scope is not None and _AUTH not in middleware:
+        found.append(
+            checks.Warning(
+                f"{SETTING} has a scope function but no {_AUTH} runs before {_MIDDLEWARE}",
+                hint="List your authentication middleware before it (or silence goblin_claim.W001 if it is custom).",
+                id="goblin_claim.W001",
+            )
+        )
+    return found

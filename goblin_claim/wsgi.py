@@ -1,0 +1,449 @@
+"""``IdempotencyMiddleware``: the ``Idempotency-Key`` header for any WSGI app, over the sync ``Claim``.
+
+A plain WSGI middleware (Flask, Django, Pyramid, Falcon, bare WSGI under
+gunicorn, uWSGI, mod_wsgi, waitress): it imports no web framework::
+
+    app = IdempotencyMiddleware(app, client=redis.Redis(socket_timeout=2))
+
+The rules are the ASGI middleware's, decided once in one shared core (what a key
+is, its scope, the fingerprint, what is kept, the problem answers), and the
+stored answers are the same envelopes: a WSGI and an ASGI service over one Redis
+replay each other's responses.
+
+A request the app began is never run again: an app that raised while its
+response was still unsent gives the key back (a retry runs), but a worker
+stopped mid-request (gunicorn's ``timeout`` aborts it with ``SystemExit``), or a
+client gone while a passed-through response streamed, keeps the key closed
+(``http_abandoned``): duplicates get ``422``. A response is stored before its
+first byte is handed to the server, so a client that leaves while it is sent
+still finds it on retry.
+
+Not guaranteed: a worker killed with SIGKILL before it could write anything
+leaves the claim to lapse after ``lease``, and a retry then runs the app again
+(renewals stop with the process, so choose ``lease`` above the server's own
+timeout: a worker stalled longer than ``lease`` may be run twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from http import HTTPStatus
+from typing import Any, Literal
+
+from . import _events, _http
+from ._core import WaitSchedule, client_kind
+from ._errors import (
+    ClaimLostError,
+    ConnectionFailedError,
+    GoblinClaimError,
+    InvalidArgumentTypeError,
+    ResultLostError,
+    StillInFlightError,
+)
+from ._http import DEFAULT_RELEASE_STATUSES, DEFAULT_REPLAY_HEADERS, STORE_WINDOW, UNSTORED_HEADER, Answer, Options
+from ._keepalive import KeepAlive
+from ._outcomes import Completed, InFlight
+from ._sync import Claim
+
+__all__ = ["DEFAULT_RELEASE_STATUSES", "DEFAULT_REPLAY_HEADERS", "IdempotencyMiddleware", "StartResponse", "WSGIApp"]
+
+Environ = dict[str, Any]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+logger = logging.getLogger("goblin_claim.wsgi")
+
+
+class IdempotencyMiddleware:
+    """Run each ``Idempotency-Key`` request once; replay its response to every duplicate (WSGI).
+
+    Args:
+        app: The WSGI application to wrap.
+        client: A sync ``redis.Redis`` or ``redis.cluster.RedisCluster``, or a function
+            of no arguments returning one (called on the first intercepted request,
+            so a pre-forking server makes one per worker). Give it a ``socket_timeout``.
+        **options: The ASGI middleware's options (``required``, ``methods``,
+            ``header``, ``lease``, ``ttl``, ``wait``, ``scope``, ``shared_scope``,
+            ``max_body_bytes``, ``max_response_bytes``, ``replay_headers``,
+            ``release_statuses``, ``namespace``); ``scope`` receives the WSGI environ.
+
+    Example::
+
+        app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, client=redis.Redis(socket_timeout=2), required=True)
+
+    Not guaranteed: see the module docstring (a worker killed by SIGKILL, a stall
+    longer than ``lease``).
+    """
+
+    def __init__(self, app: WSGIApp, *, client: Any, **options: Any) -> None:
+        self.app = app
+        self.options = _http.make_options(**options)
+        self._door = SyncDoor(client, self.options)
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Handle one WSGI request: intercepted ones here, everything else passed to the app."""
+        options = self.options
+        if environ.get("REQUEST_METHOD", "GET") not in options.methods:
+            return self.app(environ, start_response)
+        raw = environ.get("HTTP_" + options.header.upper().replace("-", "_"))
+        if raw is None:
+            if options.required:
+                return _send(
+                    start_response,
+                    _http.problem(400, f"this request needs an {options.header} header", code="key-missing"),
+                    options.problem_docs,
+                )
+            return self.app(environ, start_response)
+        key = _http.parse_key(options.header, [raw.encode("latin-1")])
+        if isinstance(key, Answer):
+            return _send(start_response, key, options.problem_docs)
+        body = _read_body(options, environ)
+        if isinstance(body, Answer):
+            return _send(start_response, body, options.problem_docs)
+        environ["wsgi.input"] = io.BytesIO(body)  # the app reads the body already read
+        environ["CONTENT_LENGTH"] = str(len(body))
+        owner = _http.owner_of(options, environ)
+        if isinstance(owner, Answer):
+            return _send(start_response, owner, options.problem_docs)
+        kind = environ.get("CONTENT_TYPE")
+        query = environ.get("QUERY_STRING", "").encode("latin-1")
+        fp = _http.request_fingerprint(options, environ, None if kind is None else kind.encode("latin-1"), query, body)
+        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+        claim = self._door.claim(environ["REQUEST_METHOD"], path, owner, key, fp)
+        accept = environ.get("HTTP_ACCEPT_ENCODING")
+        # One "request" event, taking the outcome of the claim's round trips inside it.
+        with _events.observing("request", claim) as op:
+            opened = open_claim(options, claim, fp, None if accept is None else accept.encode("latin-1"))
+            if isinstance(opened, Answer):
+                if opened.code == "key-reused":
+                    op.note("payload_mismatch")
+                return _send(start_response, opened, options.problem_docs)
+            return _Run(self, claim, fp).run(environ, start_response)
+
+
+class SyncDoor:
+    """The sync client a door claims through (made on first use by a factory), and its options."""
+
+    def __init__(self, client: Any, options: Options) -> None:
+        self.options = options
+        self._client: Any = None
+        self._factory: Callable[[], Any] | None = None
+        if client_kind(client) is None and callable(client):
+            self._factory = client
+        else:
+            _check_sync_client(client)
+            self._client = client
+
+    def client(self) -> Any:
+        """The client, made by the factory on first use."""
+        client = self._client
+        if client is None:
+            assert self._factory is not None
+            made = self._factory()
+            _check_sync_client(made)
+            self._client = client = made
+        return client
+
+    def claim(self, method: str, path: str, owner: str | None, key: str, fp: str) -> Claim:
+        """The claim for one request's key, with a token carrying its fingerprint."""
+        options = self.options
+        return Claim(
+            self.client(), _http.claim_name(method, path, owner, key), lease=options.lease, ttl=options.ttl,
+            namespace=options.namespace, token=_http.claim_token(fp),
+        )  # fmt: skip
+
+
+class _Run:
+    """One claimed WSGI request: run the app, buffer and store its response, or pass it through."""
+
+    def __init__(self, owner: IdempotencyMiddleware, claim: Claim, fp: str) -> None:
+        self._options = owner.options
+        self._app = owner.app
+        self._claim = claim
+        self._fp = fp
+        self._status: str | None = None
+        self._headers: list[tuple[str, str]] = []
+        self._chunks: list[bytes] = []
+
+    def _start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        # Nothing is sent before the app returned its iterable and it was read (or
+        # passed on), so a second call with exc_info simply replaces the first.
+        self._status, self._headers = status, list(headers)
+        return self._chunks.append  # the legacy write(): its bytes come first
+
+    def run(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        keep = self._claim.keep_alive()
+        keep.__enter__()
+        iterator: Iterator[bytes] | None = None
+        result: Iterable[bytes] | None = None
+        try:
+            result = self._app(environ, self._start_response)
+            iterator = iter(result)
+            size = sum(len(chunk) for chunk in self._chunks)
+            reason: str | None = None
+            for chunk in iterator:
+                if chunk:
+                    self._chunks.append(chunk)
+                    size += len(chunk)
+                reason = self._pass_reason(size)
+                if reason is not None:
+                    break
+            else:
+                reason = self._pass_reason(size)
+        except BaseException as error:
+            _close(result)
+            keep.__exit__(None, None, None)
+            if isinstance(error, Exception):
+                give_back(self._claim)  # the app failed before any byte was sent: a retry runs at once
+            else:
+                # SystemExit (gunicorn's timeout), KeyboardInterrupt: the app began, what it did is unknown.
+                abandon(self._claim, self._fp, f"the worker was stopped mid-request ({type(error).__name__})")
+            raise
+        if self._status is None:
+            _close(result)
+            keep.__exit__(None, None, None)
+            abandon(self._claim, self._fp, "the app returned without calling start_response")
+            raise RuntimeError("the WSGI app returned without calling start_response")
+        if reason is None:
+            _close(result)
+            keep.__exit__(None, None, None)
+            return self._store_and_send(start_response)
+        return self._pass(start_response, reason, result, iterator, keep)
+
+    def _status_code(self) -> int:
+        assert self._status is not None
+        return int(self._status.split(" ", 1)[0])
+
+    def _byte_headers(self) -> list[tuple[bytes, bytes]]:
+        return [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in self._headers]
+
+    def _pass_reason(self, size: int) -> str | None:
+        """Why the response is passed through rather than stored (``"given back"`` for a status not kept)."""
+        if self._status is None:
+            return None
+        if self._options.given_back(self._status_code()):
+            return "given back"
+        reason = _http.streamed_reason(self._options, self._byte_headers())
+        if reason is None and size > self._options.max_response_bytes:
+            reason = f"its body is larger than max_response_bytes={self._options.max_response_bytes}"
+        return reason
+
+    def _store_and_send(self, start_response: StartResponse) -> Iterable[bytes]:
+        assert self._status is not None
+        status, body = self._status_code(), b"".join(self._chunks)
+        payload = _http.stored_payload(self._fp, status, self._byte_headers(), self._options.keeps_header, body)
+        stored = store(self._claim, payload, status, self._fp)
+        if stored == "lost":
+            return _send(
+                start_response,
+                _http.problem(503, _http.LOST, retry=True, code="claim-lost"),
+                self._options.problem_docs,
+            )
+        headers = self._headers
+        if stored == "failed":
+            headers = [*headers, _text(UNSTORED_HEADER)]
+        start_response(self._status, headers)
+        return [body]
+
+    def _pass(
+        self, start_response: StartResponse, reason: str, result: Any, iterator: Iterator[bytes] | None, keep: KeepAlive
+    ) -> Iterable[bytes]:
+        assert self._status is not None
+        unstored = None if reason == "given back" else reason
+        headers = self._headers
+        if unstored is not None:
+            logger.warning(
+                "key %s: the %s response is passed through and not kept for replay: %s; duplicates are answered 422",
+                _http.key_digest(self._claim.key), self._status_code(), unstored,
+            )  # fmt: skip
+            headers = [*headers, _text(UNSTORED_HEADER)]
+        start_response(self._status, headers)
+        return _Passing(self, unstored, list(self._chunks), result, iterator, keep)
+
+
+class _Passing:
+    """A passed-through response: the server iterates it; ``close()`` settles the key.
+
+    Ended whole: an unstored response is marked (duplicates are told), a status not
+    kept gives the key back. Closed before its end (the client left), or broken by
+    the app: the key is given back for a status not kept, else kept closed.
+    """
+
+    def __init__(
+        self, run: _Run, unstored: str | None, held: list[bytes], result: Any, rest: Iterator[bytes] | None,
+        keep: KeepAlive,
+    ) -> None:  # fmt: skip
+        self._run = run
+        self._unstored = unstored
+        self._held = held
+        self._result = result
+        self._rest = rest
+        self._keep = keep
+        self._ended = False
+        self._settled = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._held
+        self._held = []
+        if self._rest is not None:
+            yield from self._rest
+        self._ended = True
+
+    def close(self) -> None:
+        """Called by the server once it is done with the response, whole or not."""
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            _close(self._result)
+        finally:
+            self._keep.__exit__(None, None, None)
+            claim, fp = self._run._claim, self._run._fp
+            if self._unstored is None:
+                give_back(claim)
+            elif self._ended:
+                mark(claim, _http.unstored_payload(fp, self._run._status_code(), self._unstored))
+            else:
+                abandon(claim, fp, "the response was not sent whole (the client left, or the app failed mid-stream)")
+
+
+# --------------------------------------------------------------------------- the claim's round trips (sync)
+
+
+def open_claim(options: Options, claim: Claim, fp: str, accept_encoding: bytes | None = None) -> Answer | None:
+    """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem)."""
+    try:
+        outcome = claim.acquire()
+        if isinstance(outcome, InFlight):
+            answer = _http.in_flight(options, claim._holder, fp)
+            if answer is not None:
+                return answer
+            outcome = claim.wait(timeout=options.wait)
+    except StillInFlightError:
+        return _http.problem(409, f"{_http.IN_FLIGHT} (waited {options.wait:g}s)", retry=True)
+    except ResultLostError:
+        return _http.problem(500, _http.RESULT_LOST, code="result-lost")
+    except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
+        logger.warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), type(exc).__name__)
+        return _http.problem(503, _http.UNAVAILABLE, retry=True)
+    if isinstance(outcome, Completed):
+        return _http.replay(outcome.value, fp, accept_encoding)
+    return None
+
+
+def store(claim: Claim, payload: bytes, status: int, fp: str) -> Literal["stored", "lost", "failed"]:
+    """Store a whole response; failing that, keep the key closed with a small marker (fail closed)."""
+    try:
+        _complete(claim, payload)
+        return "stored"
+    except ClaimLostError:
+        logger.warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
+        return "lost"
+    except GoblinClaimError as exc:
+        logger.warning(
+            "key %s: the response could not be stored (%s); it will not be replayed", _digest(claim), type(exc).__name__
+        )
+        failure = exc
+    if not isinstance(failure, ConnectionFailedError):
+        mark(claim, _http.unstored_payload(fp, status, f"it could not be stored: {str(failure)[:200]}"))
+    return "failed"
+
+
+def _complete(claim: Claim, payload: bytes) -> None:
+    # Owner-checked and safe to send twice: a dropped connection is retried for a while.
+    schedule = WaitSchedule(min(float(claim.lease), STORE_WINDOW), claim.key)
+    schedule.start(time.monotonic())
+    while True:
+        try:
+            claim.complete(payload)
+            return
+        except ConnectionFailedError:
+            delay = schedule.next_delay(time.monotonic())
+            if delay is None:
+                raise
+            time.sleep(delay)
+
+
+def mark(claim: Claim, marker: bytes) -> None:
+    """Keep the key closed with ``marker``: duplicates are told, the request is not run again."""
+    try:
+        _complete(claim, marker)
+    except GoblinClaimError as exc:
+        logger.warning(
+            "key %s: could not keep the key closed (%s); it frees itself after the lease and a retry runs again",
+            _digest(claim), type(exc).__name__,
+        )  # fmt: skip
+
+
+def abandon(claim: Claim, fp: str, reason: str) -> None:
+    """Keep a request that began but ended without a whole response closed: duplicates get 422."""
+    logger.warning("key %s: %s; the key is kept closed, duplicates are answered 422", _digest(claim), reason)
+    mark(claim, _http.abandoned_payload(fp, reason))
+
+
+def give_back(claim: Claim) -> None:
+    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise)."""
+    with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
+        claim.release()
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+def _read_body(options: Options, environ: Environ) -> bytes | Answer:
+    """The request body (up to ``max_body_bytes``), or the answer refusing it; nothing has run yet."""
+    declared = _http.declared_length(environ.get("CONTENT_LENGTH") or None)
+    stream = environ["wsgi.input"]
+    if declared is not None:
+        if declared > options.max_body_bytes:
+            return _http.problem(413, _http.too_large_detail(options, declared))
+        body = stream.read(declared) if declared else b""
+        if len(body) < declared:  # the client left before sending its body: nothing ran
+            return _http.problem(400, "the request body ended before its Content-Length")
+        return bytes(body)
+    if environ.get("wsgi.input_terminated"):  # a chunked body the server ends for us
+        body = stream.read(options.max_body_bytes + 1)
+        if len(body) > options.max_body_bytes:
+            return _http.problem(413, _http.too_large_detail(options, None))
+        return bytes(body)
+    return b""  # no length and no terminated stream: WSGI says there is no body to read
+
+
+def _send(start_response: StartResponse, answer: Answer, docs: str | None) -> list[bytes]:
+    """Send a whole answer (a problem or a replay)."""
+    answer = _http.documented(answer, docs)
+    start_response(_status_line(answer.status), [_text(pair) for pair in answer.headers])
+    return [answer.body]
+
+
+def _status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def _text(pair: tuple[bytes, bytes]) -> tuple[str, str]:
+    return pair[0].decode("latin-1"), pair[1].decode("latin-1")
+
+
+def _close(result: object) -> None:
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()
+
+
+def _digest(claim: Claim) -> str:
+    return _http.key_digest(claim.key)
+
+
+def _check_sync_client(client: object) -> None:
+    if client_kind(client) is not False:
+        raise InvalidArgumentTypeError(
+            "this middleware needs a sync client (redis.Redis or redis.cluster.RedisCluster) or a function of no "
+            f"arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
+        )

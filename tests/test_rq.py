@@ -1,0 +1,162 @@
+"""RQ's idempotent_job under real rq workers (a work-horse per job) on a real Redis: runs counted, SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IN_CI
+from tests.jobs.workers import Worker, charges, first_pid, python, wait_until
+from tests.servers import RedisProcess
+
+if not IN_CI:
+    pytest.importorskip("rq")
+
+import redis
+from rq import Queue, Retry
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from goblin_claim import Claim, Completed, StillInFlightError
+
+pytestmark = pytest.mark.timeout(90)
+
+LEASE = 3
+NAMESPACE = "jobs.rq.charge"
+
+
+@pytest.fixture
+def broker(own_server: Callable[..., RedisProcess], monkeypatch: pytest.MonkeyPatch) -> RedisProcess:
+    """A Redis of this test's own: RQ's queues and the jobs' data."""
+    server = own_server()
+    monkeypatch.setenv("GC_JOBS_REDIS_URL", f"redis://127.0.0.1:{server.port}/0")
+    return server
+
+
+@pytest.fixture
+def data(broker: RedisProcess) -> Iterator[redis.Redis]:
+    """A client on the broker."""
+    client = broker.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue(data: redis.Redis) -> Queue:
+    """The default queue, JSON-serialized (the SDK never pickles; the test jobs do not either)."""
+    return Queue(connection=data, serializer=JSONSerializer)
+
+
+@pytest.fixture
+def worker(broker: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """Start rq workers (with the scheduler, for scheduled retries); each is stopped by PID afterwards."""
+    started: list[Worker] = []
+
+    def start(name: str = "w1") -> Worker:
+        made = Worker(
+            python(
+                "-m", "rq.cli", "worker", "--url", f"redis://127.0.0.1:{broker.port}/0", "--with-scheduler",
+                "--serializer", "rq.serializers.JSONSerializer", "--name", f"{name}-{broker.port}", "default",
+            ),
+            {"GC_JOBS_REDIS_URL": f"redis://127.0.0.1:{broker.port}/0", "GC_JOBS_LEASE": str(LEASE)},
+            tmp_path / f"{name}.log",
+        )  # fmt: skip
+        started.append(made)
+        made.wait_for_log("Listening on")
+        return made
+
+    yield start
+    for made in started:
+        made.stop()
+
+
+def _enqueue(queue: Queue, event_id: str, amount: int, retry: Retry | None = None) -> Job:
+    from tests.jobs.rq_jobs import charge
+
+    return queue.enqueue(charge, event_id, amount, retry=retry)
+
+
+def _finish(job: Job, timeout: float = 40) -> Any:
+    """The job's return value once it finished; fails if it ever ended FAILED."""
+
+    def done() -> bool:
+        status = job.get_status(refresh=True)
+        assert status != JobStatus.FAILED, job.latest_result()
+        return status == JobStatus.FINISHED
+
+    wait_until(done, timeout, f"job {job.id} to finish")
+    return job.return_value(refresh=True)
+
+
+def test_five_duplicates_charge_once_with_equal_results(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """Five copies on two workers: one side effect, five FINISHED jobs with equal results, none FAILED."""
+    worker("w1")
+    worker("w2")
+    data.set("pause:before:evt1", 1.0)
+    jobs = [_enqueue(queue, "evt1", 500) for _ in range(5)]  # no Retry: an in-flight answer must not need one
+    results = [_finish(job) for job in jobs]
+    assert charges(data, "evt1") == 1
+    assert results == [{"event_id": "evt1", "amount": 500, "charge_number": 1}] * 5
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_killed_work_horse_then_retry_completes(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker], figures: Callable[[str], None], where: str
+) -> None:
+    """A work-horse SIGKILLed before/after the charge: its Retry re-runs it past the lease; stored, not FAILED."""
+    worker()
+    event = f"evt-{where}"
+    data.set(f"pause:{where}:{event}", 30)
+    # Retry(max=1): the kill spends it; the in-flight answers after it borrow their own.
+    job = _enqueue(queue, event, 700, retry=Retry(max=1, interval=0))
+    pid = first_pid(data, event)
+    if where == "after":
+        wait_until(lambda: charges(data, event) == 1, 20, "the side effect")
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    result = _finish(job)
+    figures(
+        f"rq: SIGKILL of the work-horse {where} the side effect -> FINISHED {time.monotonic() - killed_at:.1f}s later"
+    )
+    assert isinstance(Claim(data, event, namespace=NAMESPACE).acquire(), Completed)
+    expected = 1 if where == "before" else 2  # after it: ran again (the README's downstream-key recipe)
+    assert charges(data, event) == expected
+    assert result == {"event_id": event, "amount": 700, "charge_number": expected}
+
+
+def test_duplicate_during_a_long_job_holds_no_worker(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """A duplicate of a running job is scheduled again, not waited for: the second worker runs other jobs meanwhile."""
+    worker("w1")
+    worker("w2")
+    data.set("pause:before:long", 6)
+    first = _enqueue(queue, "long", 1)
+    first_pid(data, "long")
+    duplicate = _enqueue(queue, "long", 1)
+    wait_until(lambda: duplicate.get_status(refresh=True) == JobStatus.SCHEDULED, 10, "the duplicate to be scheduled")
+    other = _enqueue(queue, "other", 2)
+    assert _finish(other, timeout=10)["event_id"] == "other"
+    assert first.get_status(refresh=True) == JobStatus.STARTED  # still running: the duplicate held no worker
+    assert _finish(first) == _finish(duplicate) == {"event_id": "long", "amount": 1, "charge_number": 1}
+    assert charges(data, "long") == 1
+    assert duplicate.retries_left is None  # the borrowed retry was given back
+
+
+def test_called_outside_a_worker_in_flight_raises(data: redis.Redis) -> None:
+    """Called as a plain function while a worker holds the key, the job raises StillInFlightError, runs nothing."""
+    from tests.jobs.rq_jobs import charge
+
+    assert Claim(data, "evt-d", namespace=NAMESPACE, lease=LEASE).acquire().kind == "claimed"
+    with pytest.raises(StillInFlightError) as caught:
+        charge("evt-d", 1)
+    assert caught.value.retry_after is not None
+    assert charges(data, "evt-d") == 0

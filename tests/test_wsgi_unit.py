@@ -1,0 +1,166 @@
+"""The WSGI middleware called as a WSGI server calls it (environ, start_response, iterate, close), over fakeredis."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakeredis
+import pytest
+
+from goblin_claim import InvalidArgumentTypeError
+from goblin_claim.testing import fake_async_redis, fake_redis
+from goblin_claim.wsgi import IdempotencyMiddleware
+
+NS = "unit-wsgi"
+
+
+@dataclass
+class App:
+    """A WSGI app that counts its runs and answers ``status`` with ``chunks``; ``stop`` raises mid-run."""
+
+    status: str = "201 Created"
+    chunks: list[bytes] = field(default_factory=lambda: [b'{"ok":true}'])
+    headers: list[tuple[str, str]] = field(default_factory=lambda: [("Content-Type", "application/json")])
+    stop: BaseException | None = None
+    runs: int = 0
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        """Count the run, read the body, answer (or raise ``stop``)."""
+        self.runs += 1
+        environ["wsgi.input"].read()
+        if self.stop is not None:
+            raise self.stop
+        start_response(self.status, self.headers)
+        return iter(self.chunks)
+
+
+@dataclass
+class Reply:
+    """What the middleware answered."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def call(middleware: Any, body: bytes = b"{}", key: str | None = "k-1", *, read_all: bool = True) -> Reply:
+    """Call ``middleware`` as a WSGI server does: iterate the body (all of it, or one chunk), then close it."""
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/orders", "SCRIPT_NAME": "", "QUERY_STRING": "",
+        "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json", "wsgi.input": io.BytesIO(body),
+    }  # fmt: skip
+    if key is not None:
+        environ["HTTP_IDEMPOTENCY_KEY"] = key
+    seen: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+        seen["status"], seen["headers"] = status, headers
+        return lambda data: None
+
+    result = middleware(environ, start_response)
+    iterator: Iterator[bytes] = iter(result)
+    try:
+        chunks = list(iterator) if read_all else [next(iterator)]
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    return Reply(int(seen["status"].split()[0]), {n.lower(): v for n, v in seen["headers"]}, b"".join(chunks))
+
+
+@pytest.fixture(params=[False, True], ids=["scripts", "native"])
+def client(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh fakeredis sync client, on the script path and on the native one."""
+    made = fake_redis(request.param, server=fakeredis.FakeServer())
+    yield made
+    made.close()
+
+
+def test_a_duplicate_is_replayed_byte_for_byte_without_running(client: Any) -> None:
+    """The first request runs; a duplicate gets the same status and body, marked Idempotent-Replayed."""
+    app = App()
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS)
+    first, again = call(middleware), call(middleware)
+    assert (first.status, again.status, again.body) == (201, 201, first.body)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert app.runs == 1
+
+
+def test_an_app_raising_gives_the_key_back(client: Any) -> None:
+    """An exception from the app before any byte was sent releases the key: the retry runs."""
+    app = App(stop=RuntimeError("database down"))
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS)
+    with pytest.raises(RuntimeError):
+        call(middleware)
+    app.stop = None
+    assert call(middleware).status == 201
+    assert app.runs == 2
+
+
+def test_a_worker_stopped_mid_request_keeps_the_key_closed(client: Any) -> None:
+    """SystemExit in the app (gunicorn's timeout abort) keeps the key closed: duplicates get 422, no rerun."""
+    app = App(stop=SystemExit(1))
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS)
+    with pytest.raises(SystemExit):
+        call(middleware)
+    app.stop = None
+    again = call(middleware)
+    assert again.status == 422
+    assert "ended without a whole response" in json.loads(again.body)["detail"]
+    assert app.runs == 1
+
+
+def test_a_large_response_passes_through_unstored_and_is_never_rerun(client: Any) -> None:
+    """A body over max_response_bytes is passed through marked Idempotent-Stored: false; a duplicate gets 422."""
+    app = App(chunks=[b"x" * 40, b"y" * 40])
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS, max_response_bytes=50)
+    first = call(middleware)
+    assert (first.status, first.body, first.headers["idempotent-stored"]) == (201, b"x" * 40 + b"y" * 40, "false")
+    assert call(middleware).status == 422
+    assert app.runs == 1
+
+
+def test_a_client_gone_mid_passed_response_keeps_the_key_closed(client: Any) -> None:
+    """The server closes a passed-through response before its end (client gone): duplicates get 422."""
+    app = App(chunks=[b"x" * 40, b"y" * 40, b"z" * 40])
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS, max_response_bytes=50)
+    call(middleware, read_all=False)
+    assert call(middleware).status == 422
+    assert app.runs == 1
+
+
+def test_logs_name_neither_the_key_nor_the_response(client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Warnings carry a digest of the key, never the key, the path, the owner or the response's bytes."""
+    app = App(chunks=[b"secret-body-" * 10])
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS, max_response_bytes=50)
+    with caplog.at_level(logging.DEBUG, logger="goblin_claim"):
+        call(middleware, key="customer-key-42")
+        call(middleware, key="customer-key-42")
+    assert caplog.records  # the unstored response is warned about
+    for record in caplog.records:
+        text = record.getMessage()
+        for secret in ("customer-key-42", "/orders", "secret-body"):
+            assert secret not in text
+
+
+def test_an_asyncio_client_is_refused() -> None:
+    """The WSGI middleware needs a sync client: an asyncio one is a TypeError at construction."""
+    with pytest.raises(InvalidArgumentTypeError, match="sync client"):
+        IdempotencyMiddleware(App(), client=fake_async_redis(False))
+
+
+def test_the_wsgi_middleware_imports_no_web_framework() -> None:
+    """Importing goblin_claim.wsgi loads no web framework (Flask, Werkzeug, Django, Starlette)."""
+    code = (
+        "import sys, goblin_claim.wsgi; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'flask', 'werkzeug', 'django', 'starlette'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert result.stdout.strip() == "[]"
