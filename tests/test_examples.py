@@ -140,3 +140,26 @@ def test_observability_example_on_a_real_server(redis_standalone: RedisProcess) 
     output = _run("observability.py", REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
     for text in OBSERVABILITY:
         assert text in output, text
+
+
+STREAMS = [
+    "a: dies now, after charging evt003",
+    "b took a's unstarted messages over",
+    "unstarted claim(s) in one round trip",
+    "42 events charged, 42 charges, charged more than once: []",
+    "(a died there; it runs again once its 30 s lease lapses): ['evt003']",
+]
+
+
+def test_streams_consumer_example_on_the_embedded_fake() -> None:
+    """The Streams example: a dead consumer's batch is taken over, a shutdown gives back, nothing runs twice."""
+    output = _run("streams_consumer.py", REDIS_URL="")
+    for text in STREAMS:
+        assert text in output, text
+
+
+def test_streams_consumer_example_on_a_real_server(redis_standalone: RedisProcess) -> None:
+    """The Streams consumer example runs unchanged against a real server."""
+    output = _run("streams_consumer.py", REDIS_URL=f"redis://127.0.0.1:{redis_standalone.port}/0")
+    for text in STREAMS:
+        assert text in output, text
