@@ -529,11 +529,13 @@ def test_doctor_checks_the_applications_observability_setup(
         ")\n"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    done = cli("doctor", "--no-write", "--import", "app_telemetry", "--url", url(redis_standalone), env=env)
+    done = cli(
+        "doctor", "--no-write", "--ephemeral", "--import", "app_telemetry", "--url", url(redis_standalone), env=env
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "WARNING  redis-py's OpenTelemetry metrics record the channel name" in done.stdout
     assert "no problems, 1 warning" in done.stdout
-    done = cli("doctor", "--no-write", "--import", "app_hidden", "--url", url(redis_standalone), env=env)
+    done = cli("doctor", "--no-write", "--ephemeral", "--import", "app_hidden", "--url", url(redis_standalone), env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "channel names hidden" in done.stdout
     assert "WARNING" not in done.stdout
