@@ -166,6 +166,22 @@ def own_server(redis_server_binary: str) -> Iterator[Callable[..., servers.Redis
         server.stop()
 
 
+@pytest.fixture
+def broker(own_server: Callable[..., servers.RedisProcess], monkeypatch: pytest.MonkeyPatch) -> servers.RedisProcess:
+    """A Redis of a job test's own: the queue's broker, its results and the jobs' data (read from GC_JOBS_REDIS_URL)."""
+    server = own_server()
+    monkeypatch.setenv("GC_JOBS_REDIS_URL", f"redis://127.0.0.1:{server.port}/0")
+    return server
+
+
+@pytest.fixture
+def data(broker: servers.RedisProcess) -> Iterator[redis.Redis]:
+    """A client on the job test's broker."""
+    client = broker.client()
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session")
 def goblin_module() -> str:
     """The reference module's path (``make native`` builds it when missing or stale)."""

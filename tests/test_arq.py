@@ -37,27 +37,11 @@ NAMESPACE = "jobs.arq.charge"
 
 
 @pytest.fixture
-def broker(own_server: Callable[..., RedisProcess], monkeypatch: pytest.MonkeyPatch) -> RedisProcess:
-    """A Redis of this test's own: arq's queue, its results and the jobs' data."""
-    server = own_server()
-    monkeypatch.setenv("GC_JOBS_REDIS_URL", f"redis://127.0.0.1:{server.port}/0")
-    return server
-
-
-@pytest.fixture
 def app(broker: RedisProcess) -> Any:
     """The test's arq settings module (it reads the broker's URL from the environment at import)."""
     import tests.jobs.arq_app as module
 
     return importlib.reload(module)
-
-
-@pytest.fixture
-def data(broker: RedisProcess) -> Iterator[redis.Redis]:
-    """A client on the broker."""
-    client = broker.client()
-    yield client
-    client.close()
 
 
 @pytest.fixture

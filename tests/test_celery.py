@@ -27,12 +27,10 @@ LEASE = 3
 
 
 @pytest.fixture
-def broker(own_server: Callable[..., RedisProcess], monkeypatch: pytest.MonkeyPatch) -> RedisProcess:
-    """A Redis of this test's own: broker, result backend and the jobs' data."""
-    server = own_server()
-    monkeypatch.setenv("GC_JOBS_REDIS_URL", f"redis://127.0.0.1:{server.port}/0")
+def broker(broker: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> RedisProcess:
+    """The shared job broker, with the lease the Celery app reads at import."""
     monkeypatch.setenv("GC_JOBS_LEASE", str(LEASE))
-    return server
+    return broker
 
 
 @pytest.fixture

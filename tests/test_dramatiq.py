@@ -30,14 +30,6 @@ NAMESPACE = "jobs.dramatiq.charge"
 
 
 @pytest.fixture
-def broker(own_server: Callable[..., RedisProcess], monkeypatch: pytest.MonkeyPatch) -> RedisProcess:
-    """A Redis of this test's own: Dramatiq's queues, its results and the jobs' data."""
-    server = own_server()
-    monkeypatch.setenv("GC_JOBS_REDIS_URL", f"redis://127.0.0.1:{server.port}/0")
-    return server
-
-
-@pytest.fixture
 def app(broker: RedisProcess) -> Iterator[Any]:
     """The test's Dramatiq app, as a sender (it reads the broker's URL from the environment at import)."""
     import tests.jobs.dramatiq_app as module
@@ -45,14 +37,6 @@ def app(broker: RedisProcess) -> Iterator[Any]:
     module = importlib.reload(module)
     yield module
     module.broker.close()
-
-
-@pytest.fixture
-def data(broker: RedisProcess) -> Iterator[redis.Redis]:
-    """A client on the broker."""
-    client = broker.client()
-    yield client
-    client.close()
 
 
 @pytest.fixture

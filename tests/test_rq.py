@@ -32,22 +32,6 @@ NAMESPACE = "jobs.rq.charge"
 
 
 @pytest.fixture
-def broker(own_server: Callable[..., RedisProcess], monkeypatch: pytest.MonkeyPatch) -> RedisProcess:
-    """A Redis of this test's own: RQ's queues and the jobs' data."""
-    server = own_server()
-    monkeypatch.setenv("GC_JOBS_REDIS_URL", f"redis://127.0.0.1:{server.port}/0")
-    return server
-
-
-@pytest.fixture
-def data(broker: RedisProcess) -> Iterator[redis.Redis]:
-    """A client on the broker."""
-    client = broker.client()
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def queue(data: redis.Redis) -> Queue:
     """The default queue, JSON-serialized (the SDK never pickles; the test jobs do not either)."""
     return Queue(connection=data, serializer=JSONSerializer)
