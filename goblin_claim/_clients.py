@@ -1,0 +1,94 @@
+"""Which clients the SDK takes, and the errors they raise.
+
+Three families of client reach the drivers:
+
+- redis-py (``redis.Redis``, ``redis.cluster.RedisCluster`` and their asyncio twins);
+- valkey-py (``valkey.Valkey``, ``valkey.cluster.ValkeyCluster`` and their asyncio
+  twins), the redis-py fork: the same API under other names, with exception
+  classes of its own;
+- GLIDE (``glide.GlideClient``, ``glide.GlideClusterClient``,
+  ``glide_sync.GlideClient``), whose API is its own: ``adapt`` puts it behind the
+  small part of redis-py's API the drivers use (``goblin_claim._glide``).
+
+The tuples here are what the drivers catch and test against, so one ``except``
+or ``isinstance`` serves every family. valkey-py is looked for once, at import;
+a program without it pays nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.exceptions as _r
+
+__all__ = [
+    "ASYNC_CLIENTS",
+    "ASYNC_CLUSTERS",
+    "CLUSTERS",
+    "CLUSTER_ERRORS",
+    "CONNECTION_ERRORS",
+    "ERRORS",
+    "NO_SCRIPT",
+    "RESPONSE_ERRORS",
+    "SYNC_CLIENTS",
+    "adapt",
+    "is_glide",
+]
+
+
+def _family(*names: str) -> tuple[type[BaseException], ...]:
+    """The exception classes called ``names`` in redis-py and, when installed, valkey-py."""
+    found: list[type[BaseException]] = [getattr(_r, name) for name in names]
+    if _valkey_exceptions is not None:
+        found += [getattr(_valkey_exceptions, name.replace("Redis", "Valkey")) for name in names]
+    return tuple(found)
+
+
+try:
+    import valkey as _valkey
+    import valkey.asyncio as _valkey_asyncio
+    import valkey.asyncio.cluster as _valkey_async_cluster
+    import valkey.cluster as _valkey_cluster
+    import valkey.exceptions as _valkey_exceptions
+except ImportError:  # valkey-py is optional
+    _valkey_exceptions = None  # type: ignore[assignment]
+    SYNC_CLIENTS: tuple[type[Any], ...] = (redis.Redis,)
+    ASYNC_CLIENTS: tuple[type[Any], ...] = (redis.asyncio.Redis,)
+    CLUSTERS: tuple[type[Any], ...] = (redis.cluster.RedisCluster,)
+    ASYNC_CLUSTERS: tuple[type[Any], ...] = (redis.asyncio.cluster.RedisCluster,)
+else:
+    SYNC_CLIENTS = (redis.Redis, _valkey.Valkey)
+    ASYNC_CLIENTS = (redis.asyncio.Redis, _valkey_asyncio.Valkey)
+    CLUSTERS = (redis.cluster.RedisCluster, _valkey_cluster.ValkeyCluster)
+    ASYNC_CLUSTERS = (redis.asyncio.cluster.RedisCluster, _valkey_async_cluster.ValkeyCluster)
+
+# Every error a client raises for a command (the server's answer, the connection, a
+# cluster client's own bookkeeping).
+ERRORS = _family("RedisError", "RedisClusterException")
+CLUSTER_ERRORS = _family("RedisClusterException")
+RESPONSE_ERRORS = _family("ResponseError")
+NO_SCRIPT = _family("NoScriptError")
+CONNECTION_ERRORS = _family("ConnectionError", "TimeoutError")
+
+
+def is_glide(client: object) -> bool:
+    """Whether ``client`` is one of GLIDE's (told by its class's module, without importing GLIDE)."""
+    module = type(client).__module__
+    return module.startswith(("glide.", "glide_sync.")) or module in ("glide", "glide_sync")
+
+
+def adapt(client: Any) -> Any:
+    """The client the drivers use for ``client``: itself, or the adapter of a GLIDE client.
+
+    A GLIDE client always gets the same adapter, so state learned per client (the
+    native probe, the loaded scripts) is learned once.
+    """
+    if is_glide(client):
+        from ._glide import adapter_for
+
+        return adapter_for(client)
+    return client
