@@ -12,10 +12,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
-
 from . import _events
+from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS
 from ._core import (
     EXTEND,
     FORGET,
@@ -26,7 +24,10 @@ from ._core import (
     NativeMode,
     Outcome,
     Script,
+    adapted,
     native_command,
+    owner_check,
+    owner_check_command,
     script_command,
 )
 from ._errors import ConnectionFailedError, GoblinClaimError, InvalidArgumentError, UnreadableResultError
@@ -39,20 +40,24 @@ from ._server import (
     Sends,
     direct_pool,
     failed_async,
+    is_out_of_memory,
     is_unknown_command,
     native_from_command_table,
     native_from_probe,
+    owner_check_unusable,
     reply_encoding,
     run_meanwhile,
     send_direct_async,
     state_of,
     to_the_end_async,
     translate,
+    without_owner_check,
 )
 from ._wakeup import async_wakeups, wake_kind
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
     AsyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
     Args = tuple[Union[str, bytes, int], ...]  # noqa: UP007 -- the arguments of one command
@@ -69,7 +74,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
     act only while this handle's token holds the claim.
 
     Args:
-        client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``, with or without
+        client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` (or
+            valkey-py's ``valkey.asyncio.Valkey`` / ``valkey.asyncio.cluster.ValkeyCluster``), with or without
             ``decode_responses``.
         key: The idempotency key (any non-empty str).
         lease: Seconds the claim is held before a crashed owner's work reopens.
@@ -77,7 +83,10 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         namespace: Prefix of every Redis key (``<namespace>:{<key>}:claim``); no braces.
         token: The owner's identity stored in the claim key; ``None`` makes a unique one.
         native: ``"auto"`` uses GOBLIN.CLAIM / GOBLIN.CAD where the server has them,
-            ``"never"`` always uses the Lua scripts, ``"always"`` requires the commands.
+            and its built-in owner checks (``SET ... IFEQ``, ``DELIFEQ``: Valkey 9)
+            for ``extend()``, renewals and ``release()``; ``"never"`` always uses the
+            Lua scripts; ``"always"`` requires the GOBLIN commands (and takes the
+            built-in checks too where there are some).
         fencing: Number the owners: every ``Claimed`` carries a ``fence`` that
             strictly increases per key (a counter under the same hash tag, set in the
             claim's round trip; the claim then always runs as a script).
@@ -153,11 +162,12 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             InvalidArgumentError: Bad options (before any I/O), or ``replicas``
                 with a cluster client.
         """
+        client = adapted(client)  # a GLIDE client: its adapter, which the handles hold too
         handles = [cls(client, key, **options) for key in keys]
         if not handles:
             return []
         first = handles[0]
-        if first._replicas and isinstance(client, RedisCluster):
+        if first._replicas and isinstance(client, ASYNC_CLUSTERS):
             raise InvalidArgumentError("acquire_many(replicas=...) needs a standalone client", key=first.key)
         state = state_of(client)
         # One WAIT behind each round that wrote covers every claim of that round: a
@@ -174,7 +184,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             acknowledged = [waited] * len(replies)
             again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
             if again:
-                if any(not isinstance(replies[i], NoScriptError) for i in again):
+                if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
                     state.native = frozenset()  # a node lacks the module after all
                     _events.notice(first, "native_fallback", "fell_back")
                 else:
@@ -190,7 +200,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
                 for i, holder in zip(nils, await _pipelined(client, peeks), strict=True):
                     replies[i] = holder
-        except (RedisError, RedisClusterException) as exc:
+        except ERRORS as exc:
             error = await failed_async(client, exc, first.key, f"a batch of {len(handles)} claims")
             if isinstance(error, ConnectionFailedError):
                 for handle in handles:
@@ -307,6 +317,10 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
     async def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
 
+        Owner-checked: ``SET claim_key token IFEQ token EX lease`` where the server
+        has it built in (Valkey 9, Redis 8.4), else the extend script; both renew
+        only while this token holds the claim. Safe to send twice.
+
         Raises:
             ClaimLostError: The claim lapsed or was already completed.
         """
@@ -319,7 +333,14 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
 
     @_events.observe("release")
     async def release(self) -> bool:
-        """Give the claim up so the work can run again at once (GOBLIN.CAD where native).
+        """Give the claim up so the work can run again at once.
+
+        Owner-checked: ``DELIFEQ`` (or ``DELEX ... IFEQ``) where the server has it
+        built in, else ``GOBLIN.CAD`` where the module is loaded, else the release
+        script. Waiters are woken in the same round trip: the script announces the
+        free claim itself; a native delete goes out pipelined with the announcement
+        (sent whether or not it deleted: a waiter woken for nothing polls once more).
+        Safe to send twice: a re-send finds the claim gone and answers ``False``.
 
         Returns:
             ``True`` when this token held the claim and it was deleted; ``False``
@@ -327,23 +348,22 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         args = (self.claim_key, self.token)
         self._let_go()  # first: held or not, this handle no longer counts on the claim being its own
-        released = bool(await self._call(RELEASE, args, self.claim_key, script_only=(wake_kind(self._client),)))
-        if released and native_command(self._native, state_of(self._client).native, RELEASE, self.key):
-            await self._announce_free()  # GOBLIN.CAD announces nothing: tell the waiters here
-        return released
+        wake = wake_kind(self._client)
+        announce = (wake, self.claim_key, "free")
+        return bool(await self._call(RELEASE, args, self.claim_key, script_only=(wake,), announce=announce))
 
     @classmethod
     async def release_many(cls, client: AsyncClient, handles: Iterable[AsyncClaim]) -> list[bool]:
         """Give many claims back in one pipelined round trip, such as a batch's unstarted messages.
 
-        Each claim is deleted only while its own handle's token holds it (GOBLIN.CAD
-        where native, else the release script, as ``release()`` chooses), so a claim
+        Each claim is deleted only while its own handle's token holds it (DELIFEQ or
+        GOBLIN.CAD where native, else the release script, as ``release()`` chooses), so a claim
         that lapsed and was taken over, or one already completed, is left alone. On a
         cluster the pipeline goes out grouped by node. Safe to send twice: a re-sent
         release finds the claim gone or someone else's and deletes nothing. A server
         that lost its scripts, or a node without the module, costs one more pipelined
-        round trip for the claims concerned; after native deletions the waiters'
-        wake-ups go out in one more, best effort (waiters poll anyway).
+        round trip for the claims concerned. Each native delete has its waiters'
+        wake-up pipelined right behind it, best effort (waiters poll anyway).
 
         The pattern for a stream consumer: ``acquire_many(client, ids, lease=5)``
         reserves a batch briefly, ``claim.extend(lease=60)`` takes the full lease as
@@ -363,6 +383,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 of the batch were released).
         """
         handles = list(handles)
+        client = adapted(client)  # the handles of a GLIDE client hold its adapter
         for handle in handles:
             if handle._client is not client:
                 raise InvalidArgumentError("release_many() needs handles made on its client", key=handle.key)
@@ -376,45 +397,49 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         try:
             if not state.ready:
                 await _prepare(client, state)
-            natives = [native_command(handle._native, state.native, RELEASE, handle.key) for handle in handles]
-            commands = [
-                (native, handle.claim_key, handle.token)
-                if native
-                else script_command(RELEASE, (handle.claim_key, handle.token, wake))
-                for handle, native in zip(handles, natives, strict=True)
+            checks = [owner_check(handle._native, state.native, RELEASE) for handle in handles]
+            commands: list[Args] = []
+            at: list[int] = []  # where each handle's reply sits among the pipeline's
+            for handle, check in zip(handles, checks, strict=True):
+                args = (handle.claim_key, handle.token)
+                native = native_command(handle._native, state.native, RELEASE, handle.key)
+                at.append(len(commands))
+                if check is not None:
+                    commands.append(owner_check_command(check, args))
+                elif native is not None:
+                    commands.append((native, *args))
+                else:
+                    commands.append(script_command(RELEASE, (*args, wake)))  # it announces itself
+                    continue
+                # A native delete announces nothing: its announcement goes right behind it.
+                commands.append((wake, handle.claim_key, "free"))
+            pipelined = await _pipelined(client, commands)
+            replies = [pipelined[i] for i in at]
+            again = [
+                i
+                for i, reply in enumerate(replies)
+                if _needs_script(reply, handles[i]._native) or (checks[i] and _check_refused(reply))
             ]
-            replies = await _pipelined(client, commands)
-            again = [i for i, reply in enumerate(replies) if _needs_script(reply, handles[i]._native)]
             if again:
-                if any(not isinstance(replies[i], NoScriptError) for i in again):
-                    state.native = frozenset()  # a node lacks the module after all
-                    _events.notice(first, "native_fallback", "fell_back")
+                if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
+                    state.native = _fallen_back(state.native, [(checks[i], replies[i]) for i in again])
+                    module = any(checks[i] is None and not isinstance(replies[i], NO_SCRIPT) for i in again)
+                    _events.notice(first, "native_fallback", "fell_back" if module else "owner_check")
                 else:
                     _events.notice(first, "script_reload", "reloaded")
-                # Refused unrun (NOSCRIPT, unknown command): each runs once, as a script.
+                # Refused unrun (NOSCRIPT, unknown command, ...): each runs once, as a script.
                 sources = [
                     script_command(RELEASE, (handles[i].claim_key, handles[i].token, wake), source=True) for i in again
                 ]
                 resent = await _pipelined(client, sources)
                 for i, reply in zip(again, resent, strict=True):
-                    replies[i], natives[i] = reply, None
-        except (RedisError, RedisClusterException) as exc:
+                    replies[i] = reply
+        except ERRORS as exc:
             raise await failed_async(client, exc, first.key, f"a batch of {len(handles)} releases") from exc
         for handle, reply in zip(handles, replies, strict=True):
-            if isinstance(reply, (RedisError, RedisClusterException)):
+            if isinstance(reply, ERRORS):
                 raise translate(reply, handle.key, handle.claim_key) from reply
-        released = [bool(reply) for reply in replies]
-        # GOBLIN.CAD announces nothing: the scripts did, the native deletions are told here.
-        channel = "SPUBLISH" if isinstance(client, RedisCluster) else "PUBLISH"
-        announce = [
-            (channel, handle.claim_key, "free")
-            for handle, native, freed in zip(handles, natives, released, strict=True)
-            if native and freed
-        ]
-        if announce:
-            with contextlib.suppress(RedisError, RedisClusterException):
-                _ = await _pipelined(client, announce)
-        return released
+        return [bool(reply) for reply in replies]
 
     async def _give_back(self) -> None:
         """Release quietly, to the end: after an interruption this handle may hold a claim it never heard of."""
@@ -502,15 +527,6 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         return AsyncKeepAlive(self, interval)
 
-    async def _announce_free(self) -> None:
-        """Wake the claim's waiters (they poll anyway if this does not reach them)."""
-        client = self._client
-        with contextlib.suppress(RedisError, RedisClusterException):
-            if isinstance(client, RedisCluster):
-                await client.spublish(self.claim_key, "free")
-            else:
-                await client.publish(self.claim_key, "free")
-
     async def _peek(self) -> object:
         """What claim.lua would answer without claiming: the stored value, else the holder."""
         return await self._call(PEEK, (self.claim_key, self.result_key), self._both_keys)
@@ -525,12 +541,15 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         script_only: Args = (),
         meanwhile: Meanwhile = None,
         sends: Sends | None = None,
+        announce: Args | None = None,
     ) -> object:
-        """One round trip: the native command where chosen, else the script.
+        """One round trip: the server's built-in owner check or the native command where chosen, else the script.
 
         ``sends`` counts the sends that may have reached the server: the direct
         path counts each of its retries, ``execute_command`` counts one (its
         re-sends are its own); a send the server refused unrun is taken back.
+        ``announce`` (a PUBLISH) goes pipelined behind a native command, in the
+        same round trip, where the script (given ``script_only``) announces itself.
         """
         client = self._client
         state = state_of(client)
@@ -538,27 +557,38 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             if not state.ready:
                 await _prepare(client, state)
             native = native_command(self._native, state.native, script, self.key)
-            if native is not None:
+            check = owner_check(self._native, state.native, script)
+            command = owner_check_command(check, args) if check else (native, *args) if native else None
+            if command is not None:
                 try:
-                    return await _send(client, state.direct, (native, *args), meanwhile, sends)
-                except (ResponseError, RedisClusterException) as exc:
-                    if self._native == "always" or not is_unknown_command(exc):
+                    if announce is None:
+                        return await _send(client, state.direct, command, meanwhile, sends)
+                    return await _announcing(client, command, announce)
+                except (*RESPONSE_ERRORS, *CLUSTER_ERRORS) as exc:
+                    if check is not None:
+                        if owner_check_unusable(exc) and state.native is not None:
+                            state.native = without_owner_check(state.native, check, exc)  # the script from now on
+                            _events.notice(self, "native_fallback", "owner_check")
+                        elif not is_out_of_memory(exc):  # SET refused under maxmemory, EXPIRE not: the script, once
+                            raise  # WRONGTYPE, a failover...: what the script would answer too
+                    elif self._native == "always" or not is_unknown_command(exc):
                         raise
-                    # This node lacks the module after all: scripts from now on.
-                    state.native = frozenset()
-                    _events.notice(self, "native_fallback", "fell_back")
+                    else:
+                        # This node lacks the module after all: scripts from now on.
+                        state.native = frozenset()
+                        _events.notice(self, "native_fallback", "fell_back")
                     meanwhile = None  # it ran with the refused command
                     _unrun(sends)
             args += script_only
             try:
                 return await _send(client, state.direct, script_command(script, args), meanwhile, sends)
-            except NoScriptError:
+            except NO_SCRIPT:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
                 _unrun(sends)
                 _events.notice(self, "script_reload", "reloaded")
                 return await _send(client, state.direct, script_command(script, args, source=True), sends=sends)
-        except (RedisError, RedisClusterException) as exc:
+        except ERRORS as exc:
             raise await failed_async(client, exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
             # A decode_responses client reading bytes someone else stored.
@@ -577,7 +607,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             wait = ("WAIT", self._replicas, self._replica_timeout_ms)
             command = script_command(script, args)
             reply, acknowledged = await _pipelined(client, [command, wait], pipe=self._wait_pipeline())
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, NO_SCRIPT):
                 # Nothing ran, so nothing was waited for: both again, with the source.
                 _events.notice(self, "script_reload", "reloaded")
                 command = script_command(script, args, source=True)
@@ -585,14 +615,16 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             for item in (reply, acknowledged):
                 if isinstance(item, Exception):
                     raise item
-        except (RedisError, RedisClusterException) as exc:
+        except ERRORS as exc:
             raise await failed_async(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
 
     def _wait_pipeline(self) -> Any:
         """A pipeline whose WAIT counts this claim's write: on a cluster, one to the key's primary."""
         client = self._client
-        return _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
+        if isinstance(client, ASYNC_CLUSTERS):
+            return _node_pipeline(client, self)
+        return self._client.pipeline(transaction=False)
 
 
 async def _send(
@@ -610,6 +642,18 @@ async def _send(
         # redis-py leaves execute_command untyped on some clients.
         return await client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
     return await send_direct_async(pool, command, meanwhile, sends)
+
+
+async def _announcing(client: AsyncClient, command: Args, announce: Args) -> object:
+    """``command`` with ``announce`` pipelined behind it, in one round trip: ``command``'s reply.
+
+    Its error reply is raised; the announcement's (an ACL without pub/sub) is
+    ignored: waiters poll without it.
+    """
+    reply, _announced = await _pipelined(client, [command, announce])
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
 
 
 def _unrun(sends: Sends | None) -> None:
@@ -648,17 +692,39 @@ async def _pipelined(client: AsyncClient, commands: Sequence[Args], pipe: Any = 
     return replies
 
 
+def _check_refused(reply: object) -> bool:
+    """A built-in owner check's reply that asks for the script instead (see ``Claim._call``)."""
+    return isinstance(reply, RESPONSE_ERRORS) and (owner_check_unusable(reply) or is_out_of_memory(reply))
+
+
+def _fallen_back(available: frozenset[str] | None, refused: Sequence[tuple[str | None, object]]) -> frozenset[str]:
+    """What the server is known to have once the replies ``refused`` came back: (owner check or None, reply).
+
+    A refused owner check is dropped where it cannot be used at all; a refused
+    GOBLIN command (a node without the module after all) drops every native command.
+    """
+    left = available or frozenset()
+    for check, reply in refused:
+        if isinstance(reply, NO_SCRIPT):
+            continue
+        if check is None:
+            return frozenset()
+        if isinstance(reply, BaseException) and owner_check_unusable(reply):
+            left = without_owner_check(left, check, reply)
+    return left
+
+
 def _needs_script(reply: object, mode: NativeMode) -> bool:
     """A batch reply to send again as a script: a lost script cache, or a node without the module."""
-    if isinstance(reply, NoScriptError):
+    if isinstance(reply, NO_SCRIPT):
         return True
-    return mode != "always" and isinstance(reply, ResponseError) and is_unknown_command(reply)
+    return mode != "always" and isinstance(reply, RESPONSE_ERRORS) and is_unknown_command(reply)
 
 
 def _batch_outcome(
     handle: AsyncClaim, reply: object, acknowledged: int | None, sent_at: float, now: float
 ) -> Outcome | GoblinClaimError:
-    if isinstance(reply, (RedisError, RedisClusterException)):
+    if isinstance(reply, ERRORS):
         return translate(reply, handle.key, handle.result_key)
     try:
         # A pipeline's re-send is redis-py's, identical and unseen: never taken as one.
@@ -673,8 +739,9 @@ def _node_pipeline(client: RedisCluster, claim: AsyncClaim) -> Any:
     # so a WAIT would not count the claim's write.
     raise InvalidArgumentError(
         "replicas= needs one connection for the write and its WAIT, which "
-        "redis.asyncio.cluster.RedisCluster does not offer; "
-        "use it with redis.asyncio.Redis or the sync RedisCluster",
+        "an asyncio cluster client (redis.asyncio.cluster.RedisCluster, "
+        "valkey.asyncio.cluster.ValkeyCluster) does not offer; "
+        "use it with a standalone asyncio client or a sync cluster client",
         key=claim.key,
     )
 
@@ -684,14 +751,14 @@ async def _prepare(client: AsyncClient, state: ClientState) -> None:
     async with state.async_lock:
         if state.ready:
             return
-        if isinstance(client, RedisCluster):
+        if isinstance(client, ASYNC_CLUSTERS):
             # The cluster client refuses commands missing from the table it loaded
             # at start, so that table is what decides; SCRIPT LOAD reaches every primary.
             await client.initialize()  # loads the command table on first use
             state.native = native_from_command_table(client.commands_parser.commands)
             for script in SCRIPTS:
                 # An ACL without +script refuses this; EVAL then recovers on first use.
-                with contextlib.suppress(ResponseError):
+                with contextlib.suppress(*RESPONSE_ERRORS):
                     await client.script_load(script.source)
         else:
             pipe = client.pipeline(transaction=False)

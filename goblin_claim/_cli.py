@@ -12,7 +12,8 @@
   scaled by DBSIZE (and labelled an estimate) on large keyspaces.
 
 Every subcommand takes ``--url`` (default: ``$REDIS_URL``, else
-``redis://localhost:6379/0``) and talks to a cluster when the server is one. The
+``redis://localhost:6379/0``; ``valkey://`` and ``valkeys://`` URLs connect with
+valkey-py) and talks to a cluster when the server is one. The
 standard library's argparse only: no run-time dependency beyond the package's.
 """
 
@@ -33,10 +34,16 @@ from typing import Any, Literal, TextIO
 
 import redis
 import redis.cluster
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._clients import (
+    CLUSTER_ERRORS,
+    CLUSTERS,
+    CONNECTION_ERRORS,
+    ERRORS,
+    NO_PERMISSION,
+    RESPONSE_ERRORS,
+    make_node_client,
+)
 from ._core import DONE_PREFIX, NATIVE_COMMANDS, SCRIPTS, build_keys, check_namespace
 from ._envelope import Codec, ErrorEnvelope, ResultEnvelope, UnstorableEnvelope
 from ._errors import GoblinClaimError
@@ -49,7 +56,7 @@ DEFAULT_URL = "redis://localhost:6379/0"
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 # "warning": worth changing, but nothing goblin-claim promises is at risk (exit status 0).
 Level = Literal["ok", "note", "warning", "problem"]
-Client = Any  # redis.Redis or redis.cluster.RedisCluster: redis-py types them loosely
+Client = Any  # a standalone or cluster client of redis-py or valkey-py: both type them loosely
 
 _MODULE_HINT = (
     "build the reference module (make native) and load it on every node: "
@@ -69,22 +76,53 @@ class Finding:
 # --------------------------------------------------------------------------- connecting
 
 
+# URL schemes that valkey-py's clients take; every other goes to redis-py's.
+_VALKEY_SCHEMES = ("valkey://", "valkeys://")
+# What connecting can raise: the client's errors, or a URL it cannot take.
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (*ERRORS, ValueError)
+
+
+def _client_classes(url: str) -> tuple[Any, Any]:
+    """The standalone and cluster client classes for ``url``: valkey-py's for ``valkey://``.
+
+    Raises:
+        ValueError: A ``valkey://`` or ``valkeys://`` URL without valkey-py installed.
+    """
+    if not url.lower().startswith(_VALKEY_SCHEMES):
+        return redis.Redis, redis.cluster.RedisCluster
+    try:
+        import valkey
+        import valkey.cluster
+    except ImportError:
+        raise ValueError(
+            f"{url.split('://', 1)[0]}:// URLs need valkey-py: pip install 'goblin-claim[valkey]' "
+            "(or give a redis:// URL: a Valkey server takes those too)"
+        ) from None
+    return valkey.Valkey, valkey.cluster.ValkeyCluster
+
+
 def connect(url: str) -> tuple[Client, bool]:
     """A client for ``url``, and whether the server is a cluster node (then a cluster client).
 
+    ``redis://``, ``rediss://`` and ``unix://`` URLs get redis-py's clients;
+    ``valkey://`` and ``valkeys://`` get valkey-py's.
+
     Raises:
-        redis.RedisError: The server cannot be reached or refuses the connection.
+        redis.RedisError: The server cannot be reached or refuses the connection
+            (``valkey.ValkeyError`` with valkey-py's clients).
+        ValueError: A URL the client cannot parse, or a ``valkey://`` one without valkey-py.
     """
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    standalone, cluster_class = _client_classes(url)
+    client = standalone.from_url(url, socket_timeout=5, socket_connect_timeout=5)
     try:
         client.ping()
         try:
             cluster = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
-        except ResponseError:  # INFO refused by the ACL: try the cluster command itself
+        except RESPONSE_ERRORS:  # INFO refused by the ACL: try the cluster command itself
             try:
                 client.execute_command("CLUSTER MYID")  # type: ignore[no-untyped-call, unused-ignore]
                 cluster = True
-            except ResponseError:
+            except RESPONSE_ERRORS:
                 cluster = False
     except BaseException:
         client.close()
@@ -92,7 +130,7 @@ def connect(url: str) -> tuple[Client, bool]:
     if not cluster:
         return client, False
     client.close()
-    return redis.cluster.RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5), True
+    return cluster_class.from_url(url, socket_timeout=5, socket_connect_timeout=5), True
 
 
 def _primaries(client: Client, cluster: bool) -> list[tuple[str, Any]]:
@@ -100,7 +138,7 @@ def _primaries(client: Client, cluster: bool) -> list[tuple[str, Any]]:
     if not cluster:
         kwargs = client.connection_pool.connection_kwargs
         return [(f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}", client)]
-    return [(node.name, client.get_redis_connection(node)) for node in client.get_primaries()]
+    return [(node.name, make_node_client(client, node)) for node in client.get_primaries()]
 
 
 def _short(exc: BaseException) -> str:
@@ -248,12 +286,12 @@ def _server_findings(nodes: list[tuple[str, Any]], cluster: bool) -> list[Findin
         product = "Valkey" if "valkey_version" in server else "Redis"
         shape = f"a cluster of {len(nodes)} primaries" if cluster else "standalone"
         findings.append(Finding("ok", f"connected to {product} {version} at {name}, {shape}"))
-    except ResponseError as exc:
+    except RESPONSE_ERRORS as exc:
         findings.append(Finding("note", f"connected to {name}; INFO is refused ({_short(exc)})"))
     for node, conn in nodes:
         try:
             role = conn.info("replication").get("role")
-        except ResponseError:
+        except RESPONSE_ERRORS:
             continue
         if role not in (None, "master"):
             findings.append(
@@ -271,7 +309,7 @@ def _native_per_node(nodes: list[tuple[str, Any]]) -> dict[str, bool | None]:
     for node, conn in nodes:
         try:
             reply = conn.execute_command("COMMAND INFO", *(name.lower() for name in NATIVE_COMMANDS))
-        except ResponseError:  # NOPERM
+        except RESPONSE_ERRORS:  # NOPERM
             per_node[node] = None
             continue
         per_node[node] = isinstance(reply, list) and all(bool(entry) for entry in reply)
@@ -281,7 +319,7 @@ def _native_per_node(nodes: list[tuple[str, Any]]) -> dict[str, bool | None]:
 def _script_findings(client: Client, cluster: bool) -> list[Finding]:
     try:
         loaded = [client.script_load(script.source) for script in SCRIPTS]
-    except NoPermissionError as exc:
+    except NO_PERMISSION as exc:
         return [
             Finding(
                 "note",
@@ -290,7 +328,7 @@ def _script_findings(client: Client, cluster: bool) -> list[Finding]:
                 "grant +script|load",
             )
         ]
-    except ResponseError as exc:
+    except RESPONSE_ERRORS as exc:
         return [Finding("problem", f"the scripts do not load: {_short(exc)}", "enable Lua scripting on this server")]
     if cluster:  # RedisCluster loads on every primary and answers with one node's SHA
         loaded = [next(iter(sha.values())) if isinstance(sha, dict) else sha for sha in loaded]
@@ -310,7 +348,7 @@ def _eviction_findings(nodes: list[tuple[str, Any]]) -> list[Finding]:
     for node, conn in nodes:
         try:
             memory = conn.info("memory")
-        except ResponseError as exc:
+        except RESPONSE_ERRORS as exc:
             findings.append(
                 Finding("note", f"{node}: cannot read maxmemory-policy ({_short(exc)})", "check it by hand: noeviction")
             )
@@ -376,7 +414,7 @@ def min_replicas_finding(node: str, replicas: int, min_replicas: int, max_lag: i
 def _config(conn: Any, name: str) -> str | None:
     try:
         reply = conn.config_get(name)
-    except ResponseError:  # CONFIG refused by the ACL (or a managed service)
+    except RESPONSE_ERRORS:  # CONFIG refused by the ACL (or a managed service)
         return None
     return None if name not in reply else _text(reply[name])
 
@@ -400,7 +438,7 @@ def _durability_findings(nodes: list[tuple[str, Any]], durable: bool) -> list[Fi
             findings.append(found)
         try:
             replicas = int(conn.info("replication").get("connected_slaves", 0))
-        except ResponseError:
+        except RESPONSE_ERRORS:
             continue
         if replicas:
             wanted, lag = _config(conn, "min-replicas-to-write"), _config(conn, "min-replicas-max-lag")
@@ -420,7 +458,7 @@ def _durability_findings(nodes: list[tuple[str, Any]], durable: bool) -> list[Fi
 def _user(client: Client) -> str:
     try:
         return _text(client.execute_command("ACL WHOAMI"))
-    except (ResponseError, RedisClusterException):
+    except (*RESPONSE_ERRORS, *CLUSTER_ERRORS):
         return "?"
 
 
@@ -540,26 +578,26 @@ def _probe(client: Client, command: str, key: str) -> str | None:
     run = forms.get(command, fallback)
     try:
         run()
-    except NoPermissionError as exc:
+    except NO_PERMISSION as exc:
         return _short(exc)
-    except ResponseError as exc:
+    except RESPONSE_ERRORS as exc:
         text = str(exc)
         if "NOPERM" in text or "no permissions" in text.lower() or "can't run this command" in text:
             return _short(exc)
         return None  # refused for another reason (NOSCRIPT, a wrong type): the permission is there
-    except (RedisError, RedisClusterException):  # not an ACL answer (routing, a dropped connection)
+    except ERRORS:  # not an ACL answer (routing, a dropped connection)
         return None
     finally:
-        with contextlib.suppress(RedisError, RedisClusterException):
+        with contextlib.suppress(*ERRORS):
             if command in ("set", "goblin.claim"):
                 client.delete(key)
     return None
 
 
 def _probe_subscribe(client: Client, channel: str, sharded: bool) -> None:
-    if isinstance(client, redis.cluster.RedisCluster):  # the node that owns the channel's slot, plainly
+    if isinstance(client, CLUSTERS):  # the node that owns the channel's slot, plainly
         cluster: Any = client  # redis-py leaves get_node_from_key untyped
-        client = cluster.get_redis_connection(cluster.get_node_from_key(channel))
+        client = make_node_client(cluster, cluster.get_node_from_key(channel))
     pubsub = client.pubsub()
     try:
         (pubsub.ssubscribe if sharded else pubsub.subscribe)(channel)
@@ -961,7 +999,7 @@ class NodeTally:
 
 
 def _wrong_type(reply: object) -> bool:
-    return isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE")
+    return isinstance(reply, RESPONSE_ERRORS) and str(reply).startswith("WRONGTYPE")
 
 
 def _read_pairs(
@@ -1120,7 +1158,8 @@ def _parser() -> argparse.ArgumentParser:
     url.add_argument(
         "--url",
         default=os.environ.get("REDIS_URL", DEFAULT_URL),
-        help="the server (a cluster node is enough): redis://[user:password@]host:port/db; "
+        help="the server (a cluster node is enough): redis://[user:password@]host:port/db "
+        "(rediss:// for TLS; valkey:// or valkeys:// connect with valkey-py); "
         f"default $REDIS_URL, else {DEFAULT_URL}",
     )
     keyed = argparse.ArgumentParser(add_help=False)
@@ -1275,13 +1314,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return EXIT_USAGE
     try:
         client, cluster = connect(args.url)
-    except (RedisError, RedisClusterException, ValueError) as exc:
+    except _CONNECT_ERRORS as exc:
         print(f"goblin-claim {args.command}: cannot connect to {redacted(args.url)}: {_short(exc)}", file=out)
         print("  -> check --url (redis://user:password@host:port/db), that the server runs, and AUTH", file=out)
         return EXIT_PROBLEM
     try:
         return _run(args, client, cluster, out)
-    except (RedisConnectionError, RedisTimeoutError) as exc:
+    except CONNECTION_ERRORS as exc:
         print(f"goblin-claim {args.command}: lost the connection: {_short(exc)}", file=out)
         return EXIT_PROBLEM
     finally:
@@ -1310,12 +1349,12 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
         try:
             run = _scan if args.command == "scan" else _stats
             return run(args, client, cluster, out)
-        except ResponseError as exc:  # NOPERM on SCAN or a read, a cluster mid-resharding...
+        except RESPONSE_ERRORS as exc:  # NOPERM on SCAN or a read, a cluster mid-resharding...
             print(f"goblin-claim {args.command}: the server refused: {_short(exc)}", file=out)
             return EXIT_PROBLEM
     try:
         report = inspect_key(client, args.namespace, args.key)
-    except ResponseError as exc:
+    except RESPONSE_ERRORS as exc:
         print(f"goblin-claim {args.command}: the server refused: {_short(exc)}", file=out)
         return EXIT_PROBLEM
     if args.command == "inspect":

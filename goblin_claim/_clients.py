@@ -32,11 +32,16 @@ __all__ = [
     "CLUSTER_ERRORS",
     "CONNECTION_ERRORS",
     "ERRORS",
+    "MAX_CONNECTIONS",
+    "NO_PERMISSION",
     "NO_SCRIPT",
     "RESPONSE_ERRORS",
     "SYNC_CLIENTS",
+    "TRANSIENT_ERRORS",
     "adapt",
     "is_glide",
+    "make_node_client",
+    "node_client",
 ]
 
 
@@ -73,6 +78,28 @@ CLUSTER_ERRORS = _family("RedisClusterException")
 RESPONSE_ERRORS = _family("ResponseError")
 NO_SCRIPT = _family("NoScriptError")
 CONNECTION_ERRORS = _family("ConnectionError", "TimeoutError")
+# The answers a client reads as "cannot take the command now" (READONLY, LOADING,
+# TRYAGAIN, CLUSTERDOWN and MASTERDOWN); others of the kind keep their code in the text.
+TRANSIENT_ERRORS = _family("ReadOnlyError", "BusyLoadingError", "TryAgainError", "ClusterDownError")
+# The pool had no connection to give (a ConnectionError, told apart for its advice).
+MAX_CONNECTIONS = _family("MaxConnectionsError")
+# NOPERM: the user's ACL refuses the command.
+NO_PERMISSION = _family("NoPermissionError")
+
+
+def node_client(node: Any) -> Any:
+    """The client of one node of a sync cluster client, or ``None`` before it is made.
+
+    redis-py calls it ``redis_connection``, valkey-py ``valkey_connection``.
+    """
+    found = getattr(node, "redis_connection", None)
+    return found if found is not None else getattr(node, "valkey_connection", None)
+
+
+def make_node_client(cluster: Any, node: Any) -> Any:
+    """The client of ``node`` of a sync cluster client, made if need be (``get_redis_connection``)."""
+    make = getattr(cluster, "get_redis_connection", None) or cluster.get_valkey_connection
+    return make(node)
 
 
 def is_glide(client: object) -> bool:

@@ -32,24 +32,36 @@ from ._outcomes import Claimed, Completed, InFlight
 Outcome = Union[Claimed, Completed, InFlight]  # noqa: UP007 -- a run-time alias on 3.10
 
 __all__ = [
+    "ANY_CLIENT",
+    "ASYNC_NEEDS",
+    "BUILTIN_COMMANDS",
     "CLAIM",
     "CLAIMED",
     "CLAIM_FENCED",
     "COMPLETE",
     "COMPLETE_FENCED",
+    "DELEX",
+    "DELIFEQ",
     "EXTEND",
     "FORGET",
     "NATIVE_COMMANDS",
     "PEEK",
+    "PROBED_COMMANDS",
     "RELEASE",
     "SCRIPTS",
+    "SET_IFEQ",
+    "SYNC_NEEDS",
     "ClaimBase",
     "NativeMode",
     "Script",
     "WaitSchedule",
+    "adapted",
     "check_seconds",
     "native_command",
+    "owner_check",
+    "owner_check_command",
     "script_command",
+    "with_owner_checks",
 ]
 
 NativeMode = Literal["auto", "never", "always"]
@@ -123,6 +135,56 @@ PEEK: Final = Script.load("peek", 2)
 FORGET: Final = Script.load("forget", 2)
 SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK, FORGET)
 NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
+
+# Owner checks some servers have built in, needing no module and no scripting:
+# DELIFEQ (Valkey 9.0) and DELEX ... IFEQ (Valkey 9.2, Redis 8.4) delete a key only
+# while it holds a value, as release.lua does; SET ... IFEQ ... EX (Valkey 8.1,
+# Redis 8.4) renews a lease only while the key holds the token, as extend.lua does.
+# The probe asks about the two delete commands. SET's IFEQ is an option, with no
+# command of its own to ask about; it came with or before either of them, so a
+# server with DELIFEQ or DELEX has it (Valkey 8.1 and 8.2, which have SET IFEQ but
+# no DELIFEQ, keep the extend script).
+DELIFEQ: Final = "DELIFEQ"
+DELEX: Final = "DELEX"
+SET_IFEQ: Final = "SET IFEQ"  # a name in the probed set, not a command: inferred, never asked about
+BUILTIN_COMMANDS: Final = (DELIFEQ, DELEX)
+PROBED_COMMANDS: Final = NATIVE_COMMANDS + BUILTIN_COMMANDS
+# What each owner-checked script may become, best first (DELIFEQ is the cheaper delete).
+_OWNER_CHECKS: Final = {EXTEND.name: (SET_IFEQ,), RELEASE.name: (DELIFEQ, DELEX)}
+
+
+def with_owner_checks(found: frozenset[str]) -> frozenset[str]:
+    """``found`` (the probed commands a server has), with ``SET IFEQ`` where it can be inferred."""
+    return found | {SET_IFEQ} if DELIFEQ in found or DELEX in found else found
+
+
+def owner_check(mode: NativeMode, available: frozenset[str] | None, script: Script) -> str | None:
+    """The built-in owner check a call sends instead of ``script`` (extend, release), or ``None``.
+
+    Where the server has one it is preferred, in ``"auto"`` and ``"always"`` alike:
+    it answers as the script does and costs the server least. ``"never"`` means the
+    scripts, always.
+    """
+    if mode == "never" or not available:
+        return None
+    for name in _OWNER_CHECKS.get(script.name, ()):
+        if name in available:
+            return name
+    return None
+
+
+def owner_check_command(name: str, args: tuple[str | bytes | int, ...]) -> tuple[str | bytes | int, ...]:
+    """The command of owner check ``name`` for a script's arguments (extend's, or release's).
+
+    ``SET claim_key token IFEQ token EX seconds`` writes the value the key holds
+    already, so it only renews the lease, as ``EXPIRE`` in extend.lua does; it
+    answers OK where the script answers 1, nil where it answers 0.
+    """
+    if name == SET_IFEQ:
+        key, token, seconds = args[:3]
+        return ("SET", key, token, "IFEQ", token, "EX", seconds)
+    key, token = args[:2]
+    return (DELIFEQ, key, token) if name == DELIFEQ else (DELEX, key, "IFEQ", token)
 
 
 def script_command(
@@ -337,8 +399,32 @@ def client_kind(client: object) -> bool | None:
     return kind
 
 
+# What a client of the wrong kind is told it needs (the families of _clients.py).
+SYNC_NEEDS: Final = (
+    "a sync client (redis.Redis, redis.cluster.RedisCluster, valkey.Valkey, "
+    "valkey.cluster.ValkeyCluster, or GLIDE's glide_sync.GlideClient)"
+)
+ASYNC_NEEDS: Final = (
+    "an asyncio client (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, valkey.asyncio.Valkey, "
+    "valkey.asyncio.cluster.ValkeyCluster, or GLIDE's glide.GlideClient or glide.GlideClusterClient)"
+)
+ANY_CLIENT: Final = "pass a redis-py, valkey-py or GLIDE client"
+
+
+def adapted(client: Any) -> Any:
+    """``client``, or the adapter of a GLIDE client (``_clients.adapt``), imported only for GLIDE.
+
+    Told by the class's module, so this core imports no client library for the others.
+    """
+    if type(client).__module__.startswith(("glide.", "glide_sync.")):
+        from ._clients import adapt
+
+        return adapt(client)
+    return client
+
+
 def check_client(client: object, wants_async: bool | None, user: str) -> None:
-    """Raise unless ``client`` is a redis-py-like client of the kind ``user`` needs (asyncio or sync).
+    """Raise unless ``client`` is a client of the kind ``user`` needs (asyncio or sync).
 
     Args:
         client: The client passed in.
@@ -350,16 +436,12 @@ def check_client(client: object, wants_async: bool | None, user: str) -> None:
     kind = client_kind(client)
     if kind is wants_async:
         return
-    needs = (
-        "an asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster)"
-        if wants_async
-        else "a sync client (redis.Redis or redis.cluster.RedisCluster)"
-    )
+    needs = ASYNC_NEEDS if wants_async else SYNC_NEEDS
     got = f"{type(client).__module__}.{type(client).__qualname__}"
     if kind is None:
-        hint = "pass a redis-py client"
+        hint = ANY_CLIENT
     elif wants_async:
-        hint = "use Claim for a sync client, or pass a redis.asyncio client"
+        hint = "use Claim for a sync client, or pass an asyncio one"
     else:
         hint = "use AsyncClaim (and await its methods) for an asyncio client, or pass a sync client"
     raise InvalidArgumentTypeError(f"{user} needs {needs}, not {got}; {hint}")
@@ -479,6 +561,7 @@ class ClaimBase(Generic[ClientT]):
         # Each check takes its fast path inline for the valid, common case and
         # calls the full checker (which raises with a clear message) otherwise.
         if _CLIENT_KINDS.get(type(client)) is not self._wants_async:
+            client = adapted(client)
             check_client(client, self._wants_async, type(self).__name__)
         self._client = client
         if type(key) is not str or not key or not key.isascii():

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, Final, NamedTuple, TypeVar
 
-from ._core import CLAIM, FORGET, RELEASE, Script, native_command
+from ._core import CLAIM, EXTEND, FORGET, RELEASE, Script, native_command, owner_check
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -86,7 +86,8 @@ OUTCOMES: Final = frozenset(
 # operation -> its outcomes
 NOTICES: Final = {
     "script_reload": frozenset({"reloaded"}),
-    "native_fallback": frozenset({"fell_back"}),
+    # owner_check: a built-in owner check (DELIFEQ, SET IFEQ) refused, by an ACL or a server without it
+    "native_fallback": frozenset({"fell_back", "owner_check"}),
     "wake": frozenset({"push", "poll"}),
 }
 
@@ -213,7 +214,10 @@ def path_of(claim: Any, script: Script | None) -> str | None:
     if available is None:
         return None
     try:
-        return "native" if native_command(claim._native, available, script, claim.key) else "script"
+        native = owner_check(claim._native, available, script) or native_command(
+            claim._native, available, script, claim.key
+        )
+        return "native" if native else "script"
     except GoblinClaimError:
         return None
 
@@ -423,7 +427,7 @@ _SCRIPTS: dict[str, Script | None] = {
     "acquire": CLAIM,
     "wait": CLAIM,
     "complete": None,
-    "extend": None,
+    "extend": EXTEND,  # SET ... IFEQ where the server has it
     "release": RELEASE,
     "forget": FORGET,
 }
@@ -622,7 +626,14 @@ def renewal(claim: Any, outcome: str, duration: float | None, context: object, e
 def notice(claim: Any, operation: str, outcome: str) -> None:
     """Something that happened inside an operation: a script reload, a native fallback, a wake-up."""
     event = Event(operation, outcome, namespace_of(claim), claim.key, None, None, None, None)
-    if operation == "native_fallback":
+    if operation == "native_fallback" and outcome == "owner_check":
+        # Expected with an ACL that names its commands without DELIFEQ: nothing to warn about.
+        _SERVER_LOG.info(
+            "%s: the server or this user's ACL refuses its built-in owner check; the script from now on",
+            _named(event),
+            extra=_fields(event),
+        )
+    elif operation == "native_fallback":
         _SERVER_LOG.warning(
             "%s: a server lacks the native commands after all; Lua scripts from now on",
             _named(event),

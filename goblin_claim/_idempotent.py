@@ -23,10 +23,14 @@ from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast, overload
 from . import _idempotent_async, _idempotent_sync
 from ._async import AsyncClaim
 from ._core import (
+    ANY_CLIENT,
+    ASYNC_NEEDS,
     DONE_PREFIX,
+    SYNC_NEEDS,
     HandleT,
     NativeMode,
     WaitSchedule,
+    adapted,
     check_namespace,
     check_native,
     check_replicas,
@@ -242,6 +246,7 @@ class _Spec:
         self._client: Any = None
         self._client_factory: Callable[[], Any] | None = None
         self._client_lock = threading.Lock()
+        client = adapted(client)  # a GLIDE client: its adapter
         if client_kind(client) is None and callable(client):
             # A factory, resolved on the first call: the client may not exist yet
             # when the module is imported (an application's start-up, a test's fixture).
@@ -316,7 +321,7 @@ class _Spec:
             with self._client_lock:
                 if self._client is None:
                     assert self._client_factory is not None
-                    made = self._client_factory()
+                    made = adapted(self._client_factory())
                     _check_client(self.name, made, self.is_async)
                     self._client = made
                 client = self._client
@@ -459,15 +464,10 @@ def _check_client(name: str, client: Any, is_async: bool) -> None:
         return
     got = type(client).__name__
     if is_async:
-        hint = f"make {name} a plain def" if kind is False else "pass a redis.asyncio client"
-        raise InvalidArgumentTypeError(
-            f"@idempotent on async def {name} needs an asyncio client (redis.asyncio.Redis or "
-            f"redis.asyncio.cluster.RedisCluster), not {got}; {hint}"
-        )
-    hint = f"make {name} an async def" if kind else "pass a redis-py client"
-    raise InvalidArgumentTypeError(
-        f"@idempotent on def {name} needs a sync client (redis.Redis or redis.cluster.RedisCluster), not {got}; {hint}"
-    )
+        hint = f"make {name} a plain def" if kind is False else ANY_CLIENT
+        raise InvalidArgumentTypeError(f"@idempotent on async def {name} needs {ASYNC_NEEDS}, not {got}; {hint}")
+    hint = f"make {name} an async def" if kind else ANY_CLIENT
+    raise InvalidArgumentTypeError(f"@idempotent on def {name} needs {SYNC_NEEDS}, not {got}; {hint}")
 
 
 def _target(func: Callable[..., Any]) -> Callable[..., Any]:

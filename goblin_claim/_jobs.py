@@ -111,7 +111,7 @@ def job_function(
 
     Args:
         func: The job's function.
-        client: A redis-py client, or a function of no arguments returning one.
+        client: A redis-py or valkey-py client, or a function of no arguments returning one.
         key: ``@idempotent``'s ``key``.
         options: ``@idempotent``'s other options (``wait`` defaults to 0).
         namespace: The namespace, when the queue names the job (Celery's task name).

@@ -2,7 +2,9 @@
 
 Every ``interval`` seconds (a third of the lease by default) each claim is
 extended. Renewals due together on one client (on a cluster: one node) go out
-as one pipeline of EXTEND scripts, one round trip for all of them. A renewal
+as one pipeline, one round trip for all of them: ``SET claim_key token IFEQ token
+EX lease`` each where the server has it built in (Valkey 9, Redis 8.4), else the
+EXTEND script. A renewal
 that hangs or is slow on one client or node never delays renewals on another:
 
 - Sync claims share one scheduler thread per process that keeps a deadline heap
@@ -57,14 +59,20 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Union
 
-import redis.asyncio.cluster
-import redis.cluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
-
 from . import _events
-from ._core import EXTEND, lease_margin, renew_interval, retry_delay, script_command
+from ._clients import ASYNC_CLUSTERS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
+from ._core import (
+    EXTEND,
+    SET_IFEQ,
+    lease_margin,
+    owner_check,
+    owner_check_command,
+    renew_interval,
+    retry_delay,
+    script_command,
+)
 from ._errors import ClaimLostError, GoblinClaimError
-from ._server import failed, failed_async, translate
+from ._server import failed, failed_async, is_out_of_memory, owner_check_unusable, state_of, translate
 
 if TYPE_CHECKING:
     from ._async import AsyncClaim
@@ -85,23 +93,47 @@ _IDLE: Final = 10.0
 
 
 def _renewed(claims: Sequence[Claim | AsyncClaim]) -> list[tuple[str | bytes | int, ...]]:
-    """The EXTEND commands that renew ``claims`` to their full lease."""
-    return [script_command(EXTEND, (c.claim_key, c.token, c.lease)) for c in claims]
+    """The commands that renew ``claims`` to their full lease: ``SET ... IFEQ`` where the server has it, else EXTEND."""
+    commands = []
+    for c in claims:
+        args = (c.claim_key, c.token, c.lease)
+        check = owner_check(c._native, state_of(c._client).native, EXTEND)
+        commands.append(owner_check_command(check, args) if check else script_command(EXTEND, args))
+    return commands
+
+
+def _again(
+    claims: Sequence[Claim | AsyncClaim], sent: Sequence[tuple[object, ...]], replies: list[object]
+) -> list[int]:
+    """The renewals to send again as the script: refused unrun (NOSCRIPT, or an owner check, as ``Claim._call``)."""
+    again = []
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NO_SCRIPT):
+            again.append(i)
+        elif sent[i][0] == "SET" and isinstance(reply, RESPONSE_ERRORS):
+            if owner_check_unusable(reply):
+                state = state_of(claims[i]._client)
+                if state.native is not None:
+                    state.native = state.native - {SET_IFEQ}  # the script from now on
+                again.append(i)
+            elif is_out_of_memory(reply):  # SET refused under maxmemory, EXPIRE not: the script, this once
+                again.append(i)
+    return again
 
 
 def _read(claim: Claim | AsyncClaim, reply: object) -> Outcome:
-    """One EXTEND reply: 1 renewed, 0 not held; an error reply becomes the driver's error."""
-    if isinstance(reply, (RedisError, RedisClusterException)):
+    """One renewal's reply: 1 or OK renewed, 0 or nil not held; an error reply becomes the driver's error."""
+    if isinstance(reply, ERRORS):
         return translate(reply, claim.key, claim.claim_key)
     return bool(reply)
 
 
-def _first_error(replies: Sequence[object]) -> RedisError | RedisClusterException | None:
+def _first_error(replies: Sequence[object]) -> BaseException | None:
     """The first error reply of a pipeline (READONLY from a demoted primary, say), if any."""
-    return next((r for r in replies if isinstance(r, (RedisError, RedisClusterException))), None)
+    return next((r for r in replies if isinstance(r, ERRORS)), None)
 
 
-def _batch_failed(claims: Sequence[Claim | AsyncClaim], exc: RedisError | RedisClusterException) -> list[Outcome]:
+def _batch_failed(claims: Sequence[Claim | AsyncClaim], exc: BaseException) -> list[Outcome]:
     """Every claim's outcome when the whole round trip failed (a dropped connection, a timeout)."""
     return [translate(exc, c.key, c.claim_key) for c in claims]
 
@@ -193,7 +225,7 @@ class _Lane:
 
     def __init__(self, key: tuple[int, str], client: Any, lock: threading.Lock) -> None:
         self.key = key
-        self.client = client  # a redis.Redis, or a cluster node's connection
+        self.client = client  # a standalone client, or a cluster node's connection
         self.wake = threading.Condition(lock)
         self.pending: list[KeepAlive] = []
         self.retired = False  # set aside, stuck on the wire; its thread ends when the reply comes
@@ -206,24 +238,26 @@ def _lane_target(claim: Claim) -> tuple[tuple[int, str], Any]:
     round trip, and a stalled node stalls only its own lane.
     """
     client = claim._client
-    if isinstance(client, redis.cluster.RedisCluster):
+    if isinstance(client, CLUSTERS):
         node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]
-        if node is not None and node.redis_connection is not None:
-            return (id(client), node.name), node.redis_connection
+        connection = node_client(node)
+        if connection is not None:
+            return (id(client), node.name), connection
     return (id(client), ""), client
 
 
 def _send_sync(client: Any, claims: Sequence[Claim]) -> list[Outcome]:
     """Renew ``claims`` in one pipeline on ``client``, in order; nothing raised."""
     try:
-        replies = _pipelined(client, _renewed(claims))
-        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        commands = _renewed(claims)
+        replies = _pipelined(client, commands)
+        again = _again(claims, commands, replies)
         if again:
-            # A flushed or restarted server: EVAL runs the script and caches it again.
+            # A flushed or restarted server (or a refused SET): EVAL runs the script and caches it again.
             sources = [script_command(EXTEND, (c.claim_key, c.token, c.lease), source=True) for c in claims]
             for i, reply in zip(again, _pipelined(client, [sources[i] for i in again]), strict=True):
                 replies[i] = reply
-    except (RedisError, RedisClusterException) as exc:
+    except ERRORS as exc:
         failed(client, exc, claims[0].key, claims[0].claim_key)  # a demoted primary: reconnect for the next try
         return _batch_failed(claims, exc)
     except Exception as exc:  # a client of another make: still no reason to end the lane
@@ -233,7 +267,7 @@ def _send_sync(client: Any, claims: Sequence[Claim]) -> list[Outcome]:
         failed(client, refused, claims[0].key, claims[0].claim_key)
     outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
     for i, outcome in enumerate(outcomes):
-        if isinstance(outcome, GoblinClaimError) and isinstance(claims[i]._client, redis.cluster.RedisCluster):
+        if isinstance(outcome, GoblinClaimError) and isinstance(claims[i]._client, CLUSTERS):
             # MOVED, ASK (a slot migrating): the handle's own path follows redirections.
             outcomes[i] = _extend_one(claims[i])
     return outcomes
@@ -347,7 +381,7 @@ class _Renewer:
                 thread.daemon = True
                 thread.start()
                 self._lanes[key] = lane
-        except (RedisError, RedisClusterException) as exc:  # no node covers the slot now
+        except ERRORS as exc:  # no node covers the slot now
             self._settle(keeper, translate(exc, claim.key, claim.claim_key), now, now)
             return
         except Exception as exc:  # no thread to be had: the scheduler must live on, and retry
@@ -493,14 +527,15 @@ async def _send_async(claims: Sequence[AsyncClaim]) -> list[Outcome]:
     """Renew ``claims`` (all of one client, one node) in one pipeline, in order; nothing raised."""
     client = claims[0]._client
     try:
-        replies = await _pipelined_async(client, _renewed(claims))
-        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        commands = _renewed(claims)
+        replies = await _pipelined_async(client, commands)
+        again = _again(claims, commands, replies)
         if again:
-            # A flushed or restarted server: EVAL runs the script and caches it again.
+            # A flushed or restarted server (or a refused SET): EVAL runs the script and caches it again.
             sources = [script_command(EXTEND, (c.claim_key, c.token, c.lease), source=True) for c in claims]
             for i, reply in zip(again, await _pipelined_async(client, [sources[i] for i in again]), strict=True):
                 replies[i] = reply
-    except (RedisError, RedisClusterException) as exc:
+    except ERRORS as exc:
         await failed_async(client, exc, claims[0].key, claims[0].claim_key)  # a demoted primary: reconnect
         return _batch_failed(claims, exc)
     except Exception as exc:  # a client of another make: the claims must still be rescheduled
@@ -510,7 +545,7 @@ async def _send_async(claims: Sequence[AsyncClaim]) -> list[Outcome]:
         await failed_async(client, refused, claims[0].key, claims[0].claim_key)
     outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
     for i, outcome in enumerate(outcomes):
-        if isinstance(outcome, GoblinClaimError) and isinstance(client, redis.asyncio.cluster.RedisCluster):
+        if isinstance(outcome, GoblinClaimError) and isinstance(client, ASYNC_CLUSTERS):
             # MOVED, ASK (a slot migrating): the handle's own path follows redirections.
             outcomes[i] = await _extend_one_async(claims[i])
     return outcomes
@@ -537,10 +572,10 @@ async def _pipelined_async(client: Any, commands: Sequence[tuple[str | bytes | i
 
 def _async_lane_key(claim: AsyncClaim) -> tuple[int, str]:
     client = claim._client
-    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+    if isinstance(client, ASYNC_CLUSTERS):
         try:
             node = client.get_node_from_key(claim.claim_key)
-        except (RedisError, RedisClusterException):
+        except ERRORS:
             node = None
         if node is not None:
             return id(client), node.name

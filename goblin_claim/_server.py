@@ -2,18 +2,21 @@
 
 Per-client state (which native commands the server has, whether the scripts
 are loaded, which way commands go), reading the native probe's reply, the
-direct round trip, and the single place where redis-py errors become
-goblin-claim errors. State lives per client instance in a weak map, never on a
-class, so two clients (two servers) never share it.
+direct round trip, and the single place where client errors (redis-py's and
+valkey-py's) become goblin-claim errors. State lives per client instance in a
+weak map, never on a class, so two clients (two servers) never share it.
 
-The direct round trip: on a stock ``redis.Redis`` / ``redis.asyncio.Redis`` the
-SDK's own commands take a connection from the client's pool, send, read and
-give it back, retried by the connection's ``Retry`` with a disconnect between
-tries, as ``execute_command`` does; what it leaves out is the per-command
-bookkeeping around that (metrics hooks that are off, argument filtering), which
-is most of redis-py's cost on a loopback round trip. Where that bookkeeping
-matters it is kept: a subclass or wrapper of ``execute_command`` (OpenTelemetry's
-instrumentation, a test spy), redis-py's own observability switched on, a
+The direct round trip: on a stock ``redis.Redis`` / ``redis.asyncio.Redis``, or
+valkey-py's ``valkey.Valkey`` / ``valkey.asyncio.Valkey``, the SDK's own
+commands take a connection from the client's pool, send, read and give it back,
+retried by the connection's ``Retry`` with a disconnect between tries, as
+``execute_command`` does (valkey-py's retries only the errors the connection
+lists in ``retry_on_error``, and so does this path there); what it leaves out is
+the per-command bookkeeping around that (metrics hooks that are off, argument
+filtering), which is most of the client's cost on a loopback round trip. Where
+that bookkeeping matters it is kept: a subclass or wrapper of
+``execute_command`` (OpenTelemetry's instrumentation, a test spy), redis-py's
+own observability switched on, valkey-py's client-side caching, a
 single-connection client, a cluster client or a redis-py older than 6 all get
 ``execute_command`` for every command.
 """
@@ -31,24 +34,16 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
-from redis.exceptions import (
-    BusyLoadingError,
-    ClusterDownError,
-    MaxConnectionsError,
-    ReadOnlyError,
-    RedisClusterException,
-    RedisError,
-    TryAgainError,
-)
-from redis.exceptions import (
-    ConnectionError as RedisConnectionError,
-)
-from redis.exceptions import (
-    TimeoutError as RedisTimeoutError,
-)
 
-from ._core import NATIVE_COMMANDS
+from ._clients import ASYNC_CLIENTS, CONNECTION_ERRORS, ERRORS, MAX_CONNECTIONS, SYNC_CLIENTS, TRANSIENT_ERRORS
+from ._core import PROBED_COMMANDS, SET_IFEQ, with_owner_checks
 from ._errors import ConnectionFailedError, ServerError, ServerUnavailableError, WrongTypeError
+
+try:
+    import valkey
+    import valkey.asyncio
+except ImportError:  # valkey-py is optional
+    valkey = None  # type: ignore[assignment]
 
 __all__ = [
     "PROBE_ARGS",
@@ -58,10 +53,12 @@ __all__ = [
     "direct_pool",
     "failed",
     "failed_async",
+    "is_out_of_memory",
     "is_transient",
     "is_unknown_command",
     "native_from_command_table",
     "native_from_probe",
+    "owner_check_unusable",
     "pack",
     "reply_encoding",
     "run_meanwhile",
@@ -71,6 +68,7 @@ __all__ = [
     "to_the_end",
     "to_the_end_async",
     "translate",
+    "without_owner_check",
 ]
 
 T = TypeVar("T")
@@ -78,7 +76,8 @@ T = TypeVar("T")
 # Sent as one word so redis-py skips its COMMAND reply parser, which cannot read
 # the nil entries that COMMAND INFO returns for commands the server lacks.
 PROBE_COMMAND = "COMMAND INFO"
-PROBE_ARGS = tuple(name.lower() for name in NATIVE_COMMANDS)
+# The module's commands and the server's built-in owner checks, in one ask.
+PROBE_ARGS = tuple(name.lower() for name in PROBED_COMMANDS)
 
 
 @dataclass
@@ -142,16 +141,28 @@ def reply_encoding(client: object) -> tuple[str, bool]:
     return text
 
 
-# The stock execute_command of each client class, as redis-py defines it. A
-# wrapper (wrapt keeps the original as __wrapped__) or an override differs.
-_STOCK_EXECUTE = (
+# The stock execute_command of each client class, as redis-py and valkey-py define
+# it. A wrapper (wrapt keeps the original as __wrapped__) or an override differs.
+_STOCK_EXECUTE: tuple[object, ...] = (
     redis.client.Redis.__dict__.get("execute_command"),
     redis.asyncio.client.Redis.__dict__.get("execute_command"),
 )
+# valkey-py's pools, which want a command name for a connection (as redis-py's did
+# before 6), and whose execute_command retries only the errors a connection lists in
+# retry_on_error, whatever its Retry supports.
+_VALKEY_POOLS: tuple[type[Any], ...] = ()
+if valkey is not None:
+    _STOCK_EXECUTE += (
+        valkey.client.Valkey.__dict__.get("execute_command"),
+        valkey.asyncio.client.Valkey.__dict__.get("execute_command"),
+    )
+    _VALKEY_POOLS = (valkey.ConnectionPool, valkey.asyncio.ConnectionPool)
 # From redis-py 6, pools hand out connections without a command name. From 7,
 # a maintenance notice can ask a connection to reconnect once its command is done.
 _DIRECT_REDIS = int(redis.__version__.split(".", 1)[0]) >= 6
 _NOTICES = hasattr(redis.connection.AbstractConnection, "should_reconnect")
+# The name a valkey-py pool is given for the connection (it only logs or ignores it).
+_VALKEY_COMMAND = "EVALSHA"
 
 
 def direct_pool(client: object) -> Any:
@@ -160,8 +171,14 @@ def direct_pool(client: object) -> Any:
     Decided once per client, when it is first used (see the module docstring): a
     wrapper installed later is not seen.
     """
-    if not _DIRECT_REDIS or not isinstance(client, (redis.Redis, redis.asyncio.Redis)):
+    if not isinstance(client, (*SYNC_CLIENTS, *ASYNC_CLIENTS)):
         return None
+    pool: Any = client.connection_pool  # type: ignore[attr-defined]  # every client of SYNC_CLIENTS has one
+    valkey_py = isinstance(pool, _VALKEY_POOLS)
+    if not valkey_py and not _DIRECT_REDIS:
+        return None
+    if valkey_py and pool.connection_kwargs.get("cache_enabled"):
+        return None  # client-side caching: execute_command reads and fills the cache
     execute = getattr(type(client), "execute_command", None)
     if execute is None or execute not in _STOCK_EXECUTE or hasattr(execute, "__wrapped__"):
         return None
@@ -172,7 +189,7 @@ def direct_pool(client: object) -> Any:
         or getattr(client, "single_connection_client", False)
         or getattr(client, "_single_connection_client", False)
     )
-    return None if single or _observed() else client.connection_pool
+    return None if single or _observed() else pool
 
 
 def _observed() -> bool:
@@ -286,7 +303,8 @@ def send_direct(
     read: bookkeeping that would otherwise follow the round trip costs no time
     of its own. ``sends``, if given, counts the tries.
     """
-    conn = pool.get_connection()
+    valkey_py = isinstance(pool, _VALKEY_POOLS)
+    conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
     try:
 
         def attempt() -> object:
@@ -298,9 +316,14 @@ def send_direct(
             meanwhile = None
             return conn.read_response()
 
-        return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+        def fail(error: Exception) -> None:
+            conn.disconnect()
+            if valkey_py and not _listed(conn, error):
+                raise error
+
+        return conn.retry.call_with_retry(attempt, fail)
     finally:
-        if _NOTICES and conn.should_reconnect():
+        if not valkey_py and _NOTICES and conn.should_reconnect():
             # A maintenance notice asked for a new connection: the next use makes it.
             conn.disconnect()
         pool.release(conn)
@@ -313,7 +336,8 @@ async def send_direct_async(
     sends: Sends | None = None,
 ) -> object:
     """``send_direct`` for an asyncio client's pool."""
-    conn = await pool.get_connection()
+    valkey_py = isinstance(pool, _VALKEY_POOLS)
+    conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
     try:
 
         async def attempt() -> object:
@@ -325,27 +349,73 @@ async def send_direct_async(
             meanwhile = None
             return await conn.read_response()
 
-        return await conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+        async def fail(error: Exception) -> None:
+            await conn.disconnect()
+            if valkey_py and not _listed(conn, error):
+                raise error
+
+        return await conn.retry.call_with_retry(attempt, fail)
     finally:
         # No maintenance-notice reconnect here: redis-py's asyncio client makes one
         # only for single-connection clients, which never come this way.
         await pool.release(conn)
 
 
-def native_from_probe(reply: object) -> frozenset[str]:
-    """The native commands a ``COMMAND INFO`` reply lists.
+def _listed(conn: Any, error: Exception) -> bool:
+    """Whether a valkey-py connection retries ``error``: only what its ``retry_on_error`` lists."""
+    listed = conn.retry_on_error
+    return listed is not None and isinstance(error, tuple(listed))
 
+
+def native_from_probe(reply: object) -> frozenset[str]:
+    """The native commands and built-in owner checks a ``COMMAND INFO`` reply lists.
+
+    ``SET IFEQ`` is added where DELIFEQ or DELEX shows it (see ``_core.SET_IFEQ``).
     An error reply (NOPERM when the ACL lacks ``+command``, for one) means
     "no native commands", not a failure: the scripts always work.
     """
     if not isinstance(reply, list):
         return frozenset()
-    return frozenset(name for name, entry in zip(NATIVE_COMMANDS, reply, strict=False) if entry)
+    return with_owner_checks(frozenset(name for name, entry in zip(PROBED_COMMANDS, reply, strict=False) if entry))
 
 
 def native_from_command_table(table: Mapping[str, object] | Iterable[str]) -> frozenset[str]:
-    """The native commands in a cluster client's command table (lower-case names)."""
-    return frozenset(name for name in NATIVE_COMMANDS if name.lower() in table)
+    """The native commands and owner checks in a cluster client's command table (lower-case names)."""
+    return with_owner_checks(frozenset(name for name in PROBED_COMMANDS if name.lower() in table))
+
+
+def owner_check_unusable(exc: BaseException) -> bool:
+    """Whether a built-in owner check's error says this server or user cannot take it at all.
+
+    An unknown command, a syntax error (a server that has the command but not the
+    option), or an ACL that does not grant it (a user whose commands are listed one
+    by one): the script does the same with what the user has, from now on.
+    """
+    text = str(exc).lower()
+    return is_unknown_command(exc) or "syntax error" in text or "no permissions to run" in text
+
+
+def without_owner_check(available: frozenset[str], check: str, exc: BaseException) -> frozenset[str]:
+    """``available`` once owner check ``check`` was refused with ``exc`` as unusable (see ``owner_check_unusable``).
+
+    A delete command the server turned out to lack ("unknown command": a command
+    table that lists more than the server runs) also takes away the SET IFEQ
+    inferred from it, unless the other delete command still vouches for it.
+    """
+    left = available - {check}
+    if check != SET_IFEQ and is_unknown_command(exc):
+        left = with_owner_checks(left - {SET_IFEQ})
+    return left
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the server's refusal of a write that may grow memory (maxmemory, noeviction).
+
+    ``SET`` is refused then, while extend.lua is not (its ``EXPIRE`` never grows
+    memory): a renewal then goes as the script, that once.
+    """
+    text = str(exc)
+    return text.startswith("OOM") or "used memory > 'maxmemory'" in text
 
 
 def is_unknown_command(exc: BaseException) -> bool:
@@ -354,11 +424,11 @@ def is_unknown_command(exc: BaseException) -> bool:
     return "unknown command" in text or "doesn't exist in redis commands" in text
 
 
-def translate(exc: RedisError | RedisClusterException, key: str, keys: str) -> ServerError:
-    """The goblin-claim error for a redis-py error; the caller raises it ``from exc``.
+def translate(exc: BaseException, key: str, keys: str) -> ServerError:
+    """The goblin-claim error for a client's error; the caller raises it ``from exc``.
 
     Args:
-        exc: What redis-py raised.
+        exc: What the client raised (redis-py's or valkey-py's classes).
         key: The handle's key, carried by the error.
         keys: The Redis key(s) the command touched, for the message.
     """
@@ -368,12 +438,12 @@ def translate(exc: RedisError | RedisClusterException, key: str, keys: str) -> S
             f"Redis cannot take a command on {keys} now (a failover, a demotion, a restart): {_code(exc)}{text}",
             key=key,
         )
-    if isinstance(exc, MaxConnectionsError):
+    if isinstance(exc, MAX_CONNECTIONS):
         return ConnectionFailedError(
             f"no free connection for {keys}: {text} (many concurrent tasks need a BlockingConnectionPool)",
             key=key,
         )
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+    if isinstance(exc, CONNECTION_ERRORS):
         return ConnectionFailedError(f"Redis unreachable while working on {keys}: {text}", key=key)
     if "WRONGTYPE" in text:
         return WrongTypeError(f"{keys} holds a value that is not a string: {text}", key=key)
@@ -385,11 +455,10 @@ def translate(exc: RedisError | RedisClusterException, key: str, keys: str) -> S
 # of these did not run, except UNBLOCKED, which cuts a WAIT short after its write
 # ran; every command the SDK sends is safe to send twice, so both are retried.
 _TRANSIENT_CODES = ("READONLY", "UNBLOCKED", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
-_TRANSIENT_CLASSES = (ReadOnlyError, BusyLoadingError, TryAgainError, ClusterDownError)
 
 
 def _code(exc: BaseException) -> str:
-    """The error code redis-py took off the reply's text (``READONLY`` and the like), with a space."""
+    """The error code the client took off the reply's text (``READONLY`` and the like), with a space."""
     code = getattr(exc, "status_code", None)
     return f"{code} " if isinstance(code, str) and code and not str(exc).startswith(code) else ""
 
@@ -397,26 +466,26 @@ def _code(exc: BaseException) -> str:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is a server's answer that it cannot take the command now (see ``_TRANSIENT_CODES``).
 
-    redis-py takes the code off the text of the replies it knows (``READONLY``,
+    redis-py and valkey-py take the code off the text of the replies they know (``READONLY``,
     ``LOADING``, ...), and leaves it on the others (``UNBLOCKED``, ``NOREPLICAS``);
     a script's error keeps it too.
     """
-    if isinstance(exc, _TRANSIENT_CLASSES):
+    if isinstance(exc, TRANSIENT_ERRORS):
         return True
-    if not isinstance(exc, RedisError) or isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+    if not isinstance(exc, ERRORS) or isinstance(exc, CONNECTION_ERRORS):
         return False
     return str(exc).lstrip("-").startswith(_TRANSIENT_CODES)
 
 
 def _reconnect_target(client: object) -> tuple[Any, bool]:
     """What to disconnect after a transient answer, and whether it is a pool (else one connection)."""
-    if isinstance(client, (redis.Redis, redis.asyncio.Redis)):
+    if isinstance(client, (*SYNC_CLIENTS, *ASYNC_CLIENTS)):
         single = getattr(client, "connection", None)
-        return (single, False) if single is not None else (client.connection_pool, True)
+        return (single, False) if single is not None else (getattr(client, "connection_pool", None), True)
     return None, False  # a cluster client follows the cluster's own redirections and failovers
 
 
-def failed(client: object, exc: RedisError | RedisClusterException, key: str, keys: str) -> ServerError:
+def failed(client: object, exc: BaseException, key: str, keys: str) -> ServerError:
     """``translate``, and after a transient answer drop ``client``'s idle connections.
 
     A demoted primary keeps answering READONLY on the connections already open to
@@ -436,7 +505,7 @@ def failed(client: object, exc: RedisError | RedisClusterException, key: str, ke
     return error
 
 
-async def failed_async(client: object, exc: RedisError | RedisClusterException, key: str, keys: str) -> ServerError:
+async def failed_async(client: object, exc: BaseException, key: str, keys: str) -> ServerError:
     """``failed`` for an asyncio client."""
     error = translate(exc, key, keys)
     if isinstance(error, ServerUnavailableError):

@@ -11,10 +11,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
-
 from . import _events
+from ._clients import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
 from ._core import (
     EXTEND,
     FORGET,
@@ -25,7 +23,10 @@ from ._core import (
     NativeMode,
     Outcome,
     Script,
+    adapted,
     native_command,
+    owner_check,
+    owner_check_command,
     script_command,
 )
 from ._errors import ConnectionFailedError, GoblinClaimError, InvalidArgumentError, UnreadableResultError
@@ -38,20 +39,24 @@ from ._server import (
     Sends,
     direct_pool,
     failed,
+    is_out_of_memory,
     is_unknown_command,
     native_from_command_table,
     native_from_probe,
+    owner_check_unusable,
     reply_encoding,
     run_meanwhile,
     send_direct,
     state_of,
     to_the_end,
     translate,
+    without_owner_check,
 )
 from ._wakeup import wake_kind, wakeups
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.cluster import RedisCluster
 
     SyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
     Args = tuple[Union[str, bytes, int], ...]  # noqa: UP007 -- the arguments of one command
@@ -68,7 +73,8 @@ class Claim(ClaimBase["SyncClient"]):
     act only while this handle's token holds the claim.
 
     Args:
-        client: A ``redis.Redis`` or ``redis.cluster.RedisCluster``, with or without
+        client: A ``redis.Redis`` or ``redis.cluster.RedisCluster`` (or valkey-py's
+            ``valkey.Valkey`` / ``valkey.cluster.ValkeyCluster``), with or without
             ``decode_responses``.
         key: The idempotency key (any non-empty str).
         lease: Seconds the claim is held before a crashed owner's work reopens.
@@ -76,7 +82,10 @@ class Claim(ClaimBase["SyncClient"]):
         namespace: Prefix of every Redis key (``<namespace>:{<key>}:claim``); no braces.
         token: The owner's identity stored in the claim key; ``None`` makes a unique one.
         native: ``"auto"`` uses GOBLIN.CLAIM / GOBLIN.CAD where the server has them,
-            ``"never"`` always uses the Lua scripts, ``"always"`` requires the commands.
+            and its built-in owner checks (``SET ... IFEQ``, ``DELIFEQ``: Valkey 9)
+            for ``extend()``, renewals and ``release()``; ``"never"`` always uses the
+            Lua scripts; ``"always"`` requires the GOBLIN commands (and takes the
+            built-in checks too where there are some).
         fencing: Number the owners: every ``Claimed`` carries a ``fence`` that
             strictly increases per key (a counter under the same hash tag, set in the
             claim's round trip; the claim then always runs as a script).
@@ -152,11 +161,12 @@ class Claim(ClaimBase["SyncClient"]):
             InvalidArgumentError: Bad options (before any I/O), or ``replicas``
                 with a cluster client.
         """
+        client = adapted(client)  # a GLIDE client: its adapter, which the handles hold too
         handles = [cls(client, key, **options) for key in keys]
         if not handles:
             return []
         first = handles[0]
-        if first._replicas and isinstance(client, RedisCluster):
+        if first._replicas and isinstance(client, CLUSTERS):
             raise InvalidArgumentError("acquire_many(replicas=...) needs a standalone client", key=first.key)
         state = state_of(client)
         # One WAIT behind each round that wrote covers every claim of that round: a
@@ -173,7 +183,7 @@ class Claim(ClaimBase["SyncClient"]):
             acknowledged = [waited] * len(replies)
             again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
             if again:
-                if any(not isinstance(replies[i], NoScriptError) for i in again):
+                if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
                     state.native = frozenset()  # a node lacks the module after all
                     _events.notice(first, "native_fallback", "fell_back")
                 else:
@@ -189,7 +199,7 @@ class Claim(ClaimBase["SyncClient"]):
                 peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
                 for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
                     replies[i] = holder
-        except (RedisError, RedisClusterException) as exc:
+        except ERRORS as exc:
             error = failed(client, exc, first.key, f"a batch of {len(handles)} claims")
             if isinstance(error, ConnectionFailedError):
                 for handle in handles:
@@ -306,6 +316,10 @@ class Claim(ClaimBase["SyncClient"]):
     def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
 
+        Owner-checked: ``SET claim_key token IFEQ token EX lease`` where the server
+        has it built in (Valkey 9, Redis 8.4), else the extend script; both renew
+        only while this token holds the claim. Safe to send twice.
+
         Raises:
             ClaimLostError: The claim lapsed or was already completed.
         """
@@ -318,7 +332,14 @@ class Claim(ClaimBase["SyncClient"]):
 
     @_events.observe("release")
     def release(self) -> bool:
-        """Give the claim up so the work can run again at once (GOBLIN.CAD where native).
+        """Give the claim up so the work can run again at once.
+
+        Owner-checked: ``DELIFEQ`` (or ``DELEX ... IFEQ``) where the server has it
+        built in, else ``GOBLIN.CAD`` where the module is loaded, else the release
+        script. Waiters are woken in the same round trip: the script announces the
+        free claim itself; a native delete goes out pipelined with the announcement
+        (sent whether or not it deleted: a waiter woken for nothing polls once more).
+        Safe to send twice: a re-send finds the claim gone and answers ``False``.
 
         Returns:
             ``True`` when this token held the claim and it was deleted; ``False``
@@ -326,23 +347,22 @@ class Claim(ClaimBase["SyncClient"]):
         """
         args = (self.claim_key, self.token)
         self._let_go()  # first: held or not, this handle no longer counts on the claim being its own
-        released = bool(self._call(RELEASE, args, self.claim_key, script_only=(wake_kind(self._client),)))
-        if released and native_command(self._native, state_of(self._client).native, RELEASE, self.key):
-            self._announce_free()  # GOBLIN.CAD announces nothing: tell the waiters here
-        return released
+        wake = wake_kind(self._client)
+        announce = (wake, self.claim_key, "free")
+        return bool(self._call(RELEASE, args, self.claim_key, script_only=(wake,), announce=announce))
 
     @classmethod
     def release_many(cls, client: SyncClient, handles: Iterable[Claim]) -> list[bool]:
         """Give many claims back in one pipelined round trip, such as a batch's unstarted messages.
 
-        Each claim is deleted only while its own handle's token holds it (GOBLIN.CAD
-        where native, else the release script, as ``release()`` chooses), so a claim
+        Each claim is deleted only while its own handle's token holds it (DELIFEQ or
+        GOBLIN.CAD where native, else the release script, as ``release()`` chooses), so a claim
         that lapsed and was taken over, or one already completed, is left alone. On a
         cluster the pipeline goes out grouped by node. Safe to send twice: a re-sent
         release finds the claim gone or someone else's and deletes nothing. A server
         that lost its scripts, or a node without the module, costs one more pipelined
-        round trip for the claims concerned; after native deletions the waiters'
-        wake-ups go out in one more, best effort (waiters poll anyway).
+        round trip for the claims concerned. Each native delete has its waiters'
+        wake-up pipelined right behind it, best effort (waiters poll anyway).
 
         The pattern for a stream consumer: ``acquire_many(client, ids, lease=5)``
         reserves a batch briefly, ``claim.extend(lease=60)`` takes the full lease as
@@ -362,6 +382,7 @@ class Claim(ClaimBase["SyncClient"]):
                 of the batch were released).
         """
         handles = list(handles)
+        client = adapted(client)  # the handles of a GLIDE client hold its adapter
         for handle in handles:
             if handle._client is not client:
                 raise InvalidArgumentError("release_many() needs handles made on its client", key=handle.key)
@@ -375,45 +396,49 @@ class Claim(ClaimBase["SyncClient"]):
         try:
             if not state.ready:
                 _prepare(client, state)
-            natives = [native_command(handle._native, state.native, RELEASE, handle.key) for handle in handles]
-            commands = [
-                (native, handle.claim_key, handle.token)
-                if native
-                else script_command(RELEASE, (handle.claim_key, handle.token, wake))
-                for handle, native in zip(handles, natives, strict=True)
+            checks = [owner_check(handle._native, state.native, RELEASE) for handle in handles]
+            commands: list[Args] = []
+            at: list[int] = []  # where each handle's reply sits among the pipeline's
+            for handle, check in zip(handles, checks, strict=True):
+                args = (handle.claim_key, handle.token)
+                native = native_command(handle._native, state.native, RELEASE, handle.key)
+                at.append(len(commands))
+                if check is not None:
+                    commands.append(owner_check_command(check, args))
+                elif native is not None:
+                    commands.append((native, *args))
+                else:
+                    commands.append(script_command(RELEASE, (*args, wake)))  # it announces itself
+                    continue
+                # A native delete announces nothing: its announcement goes right behind it.
+                commands.append((wake, handle.claim_key, "free"))
+            pipelined = _pipelined(client, commands)
+            replies = [pipelined[i] for i in at]
+            again = [
+                i
+                for i, reply in enumerate(replies)
+                if _needs_script(reply, handles[i]._native) or (checks[i] and _check_refused(reply))
             ]
-            replies = _pipelined(client, commands)
-            again = [i for i, reply in enumerate(replies) if _needs_script(reply, handles[i]._native)]
             if again:
-                if any(not isinstance(replies[i], NoScriptError) for i in again):
-                    state.native = frozenset()  # a node lacks the module after all
-                    _events.notice(first, "native_fallback", "fell_back")
+                if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
+                    state.native = _fallen_back(state.native, [(checks[i], replies[i]) for i in again])
+                    module = any(checks[i] is None and not isinstance(replies[i], NO_SCRIPT) for i in again)
+                    _events.notice(first, "native_fallback", "fell_back" if module else "owner_check")
                 else:
                     _events.notice(first, "script_reload", "reloaded")
-                # Refused unrun (NOSCRIPT, unknown command): each runs once, as a script.
+                # Refused unrun (NOSCRIPT, unknown command, ...): each runs once, as a script.
                 sources = [
                     script_command(RELEASE, (handles[i].claim_key, handles[i].token, wake), source=True) for i in again
                 ]
                 resent = _pipelined(client, sources)
                 for i, reply in zip(again, resent, strict=True):
-                    replies[i], natives[i] = reply, None
-        except (RedisError, RedisClusterException) as exc:
+                    replies[i] = reply
+        except ERRORS as exc:
             raise failed(client, exc, first.key, f"a batch of {len(handles)} releases") from exc
         for handle, reply in zip(handles, replies, strict=True):
-            if isinstance(reply, (RedisError, RedisClusterException)):
+            if isinstance(reply, ERRORS):
                 raise translate(reply, handle.key, handle.claim_key) from reply
-        released = [bool(reply) for reply in replies]
-        # GOBLIN.CAD announces nothing: the scripts did, the native deletions are told here.
-        channel = "SPUBLISH" if isinstance(client, RedisCluster) else "PUBLISH"
-        announce = [
-            (channel, handle.claim_key, "free")
-            for handle, native, freed in zip(handles, natives, released, strict=True)
-            if native and freed
-        ]
-        if announce:
-            with contextlib.suppress(RedisError, RedisClusterException):
-                _ = _pipelined(client, announce)
-        return released
+        return [bool(reply) for reply in replies]
 
     def _give_back(self) -> None:
         """Release quietly, to the end: after an interruption this handle may hold a claim it never heard of."""
@@ -501,15 +526,6 @@ class Claim(ClaimBase["SyncClient"]):
         """
         return KeepAlive(self, interval)
 
-    def _announce_free(self) -> None:
-        """Wake the claim's waiters (they poll anyway if this does not reach them)."""
-        client = self._client
-        with contextlib.suppress(RedisError, RedisClusterException):
-            if isinstance(client, RedisCluster):
-                client.spublish(self.claim_key, "free")
-            else:
-                client.publish(self.claim_key, "free")
-
     def _peek(self) -> object:
         """What claim.lua would answer without claiming: the stored value, else the holder."""
         return self._call(PEEK, (self.claim_key, self.result_key), self._both_keys)
@@ -524,12 +540,15 @@ class Claim(ClaimBase["SyncClient"]):
         script_only: Args = (),
         meanwhile: Meanwhile = None,
         sends: Sends | None = None,
+        announce: Args | None = None,
     ) -> object:
-        """One round trip: the native command where chosen, else the script.
+        """One round trip: the server's built-in owner check or the native command where chosen, else the script.
 
         ``sends`` counts the sends that may have reached the server: the direct
         path counts each of its retries, ``execute_command`` counts one (its
         re-sends are its own); a send the server refused unrun is taken back.
+        ``announce`` (a PUBLISH) goes pipelined behind a native command, in the
+        same round trip, where the script (given ``script_only``) announces itself.
         """
         client = self._client
         state = state_of(client)
@@ -537,27 +556,38 @@ class Claim(ClaimBase["SyncClient"]):
             if not state.ready:
                 _prepare(client, state)
             native = native_command(self._native, state.native, script, self.key)
-            if native is not None:
+            check = owner_check(self._native, state.native, script)
+            command = owner_check_command(check, args) if check else (native, *args) if native else None
+            if command is not None:
                 try:
-                    return _send(client, state.direct, (native, *args), meanwhile, sends)
-                except (ResponseError, RedisClusterException) as exc:
-                    if self._native == "always" or not is_unknown_command(exc):
+                    if announce is None:
+                        return _send(client, state.direct, command, meanwhile, sends)
+                    return _announcing(client, command, announce)
+                except (*RESPONSE_ERRORS, *CLUSTER_ERRORS) as exc:
+                    if check is not None:
+                        if owner_check_unusable(exc) and state.native is not None:
+                            state.native = without_owner_check(state.native, check, exc)  # the script from now on
+                            _events.notice(self, "native_fallback", "owner_check")
+                        elif not is_out_of_memory(exc):  # SET refused under maxmemory, EXPIRE not: the script, once
+                            raise  # WRONGTYPE, a failover...: what the script would answer too
+                    elif self._native == "always" or not is_unknown_command(exc):
                         raise
-                    # This node lacks the module after all: scripts from now on.
-                    state.native = frozenset()
-                    _events.notice(self, "native_fallback", "fell_back")
+                    else:
+                        # This node lacks the module after all: scripts from now on.
+                        state.native = frozenset()
+                        _events.notice(self, "native_fallback", "fell_back")
                     meanwhile = None  # it ran with the refused command
                     _unrun(sends)
             args += script_only
             try:
                 return _send(client, state.direct, script_command(script, args), meanwhile, sends)
-            except NoScriptError:
+            except NO_SCRIPT:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
                 _unrun(sends)
                 _events.notice(self, "script_reload", "reloaded")
                 return _send(client, state.direct, script_command(script, args, source=True), sends=sends)
-        except (RedisError, RedisClusterException) as exc:
+        except ERRORS as exc:
             raise failed(client, exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
             # A decode_responses client reading bytes someone else stored.
@@ -576,7 +606,7 @@ class Claim(ClaimBase["SyncClient"]):
             wait = ("WAIT", self._replicas, self._replica_timeout_ms)
             command = script_command(script, args)
             reply, acknowledged = _pipelined(client, [command, wait], pipe=self._wait_pipeline())
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, NO_SCRIPT):
                 # Nothing ran, so nothing was waited for: both again, with the source.
                 _events.notice(self, "script_reload", "reloaded")
                 command = script_command(script, args, source=True)
@@ -584,14 +614,16 @@ class Claim(ClaimBase["SyncClient"]):
             for item in (reply, acknowledged):
                 if isinstance(item, Exception):
                     raise item
-        except (RedisError, RedisClusterException) as exc:
+        except ERRORS as exc:
             raise failed(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
 
     def _wait_pipeline(self) -> Any:
         """A pipeline whose WAIT counts this claim's write: on a cluster, one to the key's primary."""
         client = self._client
-        return _node_pipeline(client, self) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
+        if isinstance(client, CLUSTERS):
+            return _node_pipeline(client, self)
+        return self._client.pipeline(transaction=False)
 
 
 def _send(
@@ -609,6 +641,18 @@ def _send(
         # redis-py leaves execute_command untyped on some clients.
         return client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
     return send_direct(pool, command, meanwhile, sends)
+
+
+def _announcing(client: SyncClient, command: Args, announce: Args) -> object:
+    """``command`` with ``announce`` pipelined behind it, in one round trip: ``command``'s reply.
+
+    Its error reply is raised; the announcement's (an ACL without pub/sub) is
+    ignored: waiters poll without it.
+    """
+    reply, _announced = _pipelined(client, [command, announce])
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
 
 
 def _unrun(sends: Sends | None) -> None:
@@ -646,17 +690,39 @@ def _pipelined(client: SyncClient, commands: Sequence[Args], pipe: Any = None) -
     return replies
 
 
+def _check_refused(reply: object) -> bool:
+    """A built-in owner check's reply that asks for the script instead (see ``Claim._call``)."""
+    return isinstance(reply, RESPONSE_ERRORS) and (owner_check_unusable(reply) or is_out_of_memory(reply))
+
+
+def _fallen_back(available: frozenset[str] | None, refused: Sequence[tuple[str | None, object]]) -> frozenset[str]:
+    """What the server is known to have once the replies ``refused`` came back: (owner check or None, reply).
+
+    A refused owner check is dropped where it cannot be used at all; a refused
+    GOBLIN command (a node without the module after all) drops every native command.
+    """
+    left = available or frozenset()
+    for check, reply in refused:
+        if isinstance(reply, NO_SCRIPT):
+            continue
+        if check is None:
+            return frozenset()
+        if isinstance(reply, BaseException) and owner_check_unusable(reply):
+            left = without_owner_check(left, check, reply)
+    return left
+
+
 def _needs_script(reply: object, mode: NativeMode) -> bool:
     """A batch reply to send again as a script: a lost script cache, or a node without the module."""
-    if isinstance(reply, NoScriptError):
+    if isinstance(reply, NO_SCRIPT):
         return True
-    return mode != "always" and isinstance(reply, ResponseError) and is_unknown_command(reply)
+    return mode != "always" and isinstance(reply, RESPONSE_ERRORS) and is_unknown_command(reply)
 
 
 def _batch_outcome(
     handle: Claim, reply: object, acknowledged: int | None, sent_at: float, now: float
 ) -> Outcome | GoblinClaimError:
-    if isinstance(reply, (RedisError, RedisClusterException)):
+    if isinstance(reply, ERRORS):
         return translate(reply, handle.key, handle.result_key)
     try:
         # A pipeline's re-send is redis-py's, identical and unseen: never taken as one.
@@ -668,9 +734,10 @@ def _batch_outcome(
 def _node_pipeline(client: RedisCluster, claim: Claim) -> Any:
     """A pipeline to the primary of ``claim``'s slot: WAIT counts the writes of its own connection."""
     node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]
-    if node is None or node.redis_connection is None:
+    connection = node_client(node)
+    if connection is None:
         raise InvalidArgumentError(f"no primary known for {claim.claim_key!r}", key=claim.key)
-    return node.redis_connection.pipeline(transaction=False)
+    return connection.pipeline(transaction=False)
 
 
 def _prepare(client: SyncClient, state: ClientState) -> None:
@@ -678,13 +745,13 @@ def _prepare(client: SyncClient, state: ClientState) -> None:
     with state.sync_lock:
         if state.ready:
             return
-        if isinstance(client, RedisCluster):
+        if isinstance(client, CLUSTERS):
             # The cluster client refuses commands missing from the table it loaded
             # at start, so that table is what decides; SCRIPT LOAD reaches every primary.
             state.native = native_from_command_table(client.commands_parser.commands)
             for script in SCRIPTS:
                 # An ACL without +script refuses this; EVAL then recovers on first use.
-                with contextlib.suppress(ResponseError):
+                with contextlib.suppress(*RESPONSE_ERRORS):
                     client.script_load(script.source)
         else:
             pipe = client.pipeline(transaction=False)

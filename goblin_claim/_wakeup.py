@@ -21,11 +21,8 @@ import time
 import weakref
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
-from redis.exceptions import ResponseError
-
 from . import _events
+from ._clients import ASYNC_CLUSTERS, CLUSTERS, NO_PERMISSION, RESPONSE_ERRORS
 from ._server import state_of
 
 __all__ = ["AsyncWakeups", "Wakeups", "async_wakeups", "wake_kind", "wakeups"]
@@ -48,7 +45,7 @@ def wake_kind(client: object) -> str:
     state = state_of(client)
     kind = state.wake
     if kind is None:
-        kind = state.wake = "spublish" if isinstance(client, (RedisCluster, AsyncRedisCluster)) else "publish"
+        kind = state.wake = "spublish" if isinstance(client, (*CLUSTERS, *ASYNC_CLUSTERS)) else "publish"
     return kind
 
 
@@ -100,8 +97,10 @@ def _apply(pubsub: Any, sharded: bool, changes: dict[str, bool]) -> None:
 
 
 def _is_refusal(exc: BaseException) -> bool:
+    if isinstance(exc, NO_PERMISSION):
+        return True
     text = str(exc).upper()
-    return isinstance(exc, ResponseError) and ("NOPERM" in text or "UNKNOWN COMMAND" in text)
+    return isinstance(exc, RESPONSE_ERRORS) and ("NOPERM" in text or "UNKNOWN COMMAND" in text)
 
 
 class Wakeups:
@@ -110,7 +109,7 @@ class Wakeups:
     def __init__(self, client: Any) -> None:
         # Weak: the subscriber lives in a map keyed by its client and must not keep it alive.
         self._client = weakref.ref(client)
-        self._sharded = isinstance(client, RedisCluster)
+        self._sharded = isinstance(client, CLUSTERS)
         self._registry = _Registry()
         self._lock = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
@@ -164,6 +163,11 @@ class Wakeups:
 
     def _listen(self, pubsub: Any) -> None:
         read = pubsub.get_sharded_message if self._sharded else pubsub.get_message
+        # valkey-py's cluster pub/sub (6.2) drops every message, not only the
+        # confirmations, when asked to ignore subscribe messages, and returns at once
+        # whatever the timeout: it is asked for all (only messages count below), and
+        # the wait is made here.
+        waits = not (self._sharded and type(pubsub).__module__.startswith("valkey"))
         while True:
             with self._lock:
                 if not self._registry.watchers and not self._registry.changes:
@@ -180,7 +184,9 @@ class Wakeups:
                 _events.wakeups_found(self._client(), True)
             if not self._registry.watchers:
                 continue
-            message = read(ignore_subscribe_messages=True, timeout=_TICK)
+            message = read(ignore_subscribe_messages=waits, timeout=_TICK)
+            if message is None and not waits:
+                time.sleep(_TICK)
             if message and message.get("type") in ("message", "smessage"):
                 with self._lock:
                     events = self._registry.events_of(message["channel"])
@@ -196,7 +202,7 @@ class AsyncWakeups:
         self._registry = _Registry()
         self._task: asyncio.Task[None] | None = None
         # The asyncio cluster client has no pub/sub: its waiters poll.
-        self._registry.refused = isinstance(client, AsyncRedisCluster)
+        self._registry.refused = isinstance(client, ASYNC_CLUSTERS)
         self._told = self._registry.refused  # whether the INFO line on push or polling was logged
         if self._told:
             _events.wakeups_found(client, False, "the asyncio cluster client has no pub/sub")

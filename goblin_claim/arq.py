@@ -49,7 +49,7 @@ def idempotent_job(*, key: Any, client: Any = None, **options: Any) -> Callable[
 
     Args:
         key: A parameter name or a function of the job's own arguments (not ``ctx``).
-        client: A redis-py asyncio client, or a function of no arguments returning one;
+        client: An asyncio client (redis-py's or valkey-py's), or a function of no arguments returning one;
             default: the worker's pool, ``ctx["redis"]``.
         **options: ``@idempotent``'s other options.
 

@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 from . import _events, _http
 from ._async import AsyncClaim
-from ._core import WaitSchedule, client_kind
+from ._core import ASYNC_NEEDS, WaitSchedule, adapted, client_kind
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -110,8 +110,10 @@ class IdempotencyMiddleware:
 
     Args:
         app: The ASGI application to wrap.
-        client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``,
-            or a function of no arguments returning one, called on the first
+        client: An asyncio client (``redis.asyncio.Redis``,
+            ``redis.asyncio.cluster.RedisCluster``, their valkey-py twins, or GLIDE's
+            ``glide.GlideClient`` / ``glide.GlideClusterClient``), or a function of no
+            arguments returning one, called on the first
             intercepted request (for a client made in the app's lifespan). Give it a
             ``socket_timeout`` and, for many concurrent requests, a
             ``BlockingConnectionPool``. The middleware never closes it.
@@ -197,6 +199,7 @@ class IdempotencyMiddleware:
         self.app = app
         self._client: Any = None
         self._factory: Callable[[], Any] | None = None
+        client = adapted(client)  # a GLIDE client: its adapter
         kind = client_kind(client)
         if kind is None and callable(client):
             self._factory = client
@@ -292,7 +295,7 @@ class IdempotencyMiddleware:
         client = self._client
         if client is None:
             assert self._factory is not None
-            made = self._factory()
+            made = adapted(self._factory())
             _check_async_client(made)
             self._client = client = made
         return client
@@ -630,6 +633,6 @@ async def _send_answer(send: Send, answer: Answer, docs: str | None) -> None:
 def _check_async_client(client: object) -> None:
     if client_kind(client) is not True:
         raise InvalidArgumentTypeError(
-            "IdempotencyMiddleware needs an asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster) "
+            f"IdempotencyMiddleware needs {ASYNC_NEEDS} "
             f"or a function of no arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
         )

@@ -53,7 +53,7 @@ from django.urls import Resolver404, resolve
 
 from . import _events, _http, asgi, wsgi
 from ._async import AsyncClaim
-from ._core import client_kind
+from ._core import adapted, client_kind
 from ._http import UNSTORED_HEADER, Answer, Options
 from ._server import to_the_end_async
 from ._sync import Claim
@@ -65,6 +65,19 @@ SETTING = "GOBLIN_CLAIM_IDEMPOTENCY"
 _MIDDLEWARE = "goblin_claim.django.IdempotencyMiddleware"
 _AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
 _MARK = "_goblin_claim_idempotency"  # on a view wearing its own options: the middleware leaves it alone
+
+
+def _url_clients(url: str) -> tuple[Any, Any, Any]:
+    """The sync client, asyncio client and asyncio blocking pool classes for ``url``: valkey-py's for valkey://."""
+    if not url.lower().startswith(("valkey://", "valkeys://")):
+        return redis.Redis, redis.asyncio.Redis, redis.asyncio.BlockingConnectionPool
+    try:
+        import valkey
+        import valkey.asyncio
+    except ImportError:
+        raise ImproperlyConfigured(f"{SETTING}: a valkey:// URL needs valkey-py (goblin-claim[valkey])") from None
+    return valkey.Valkey, valkey.asyncio.Valkey, valkey.asyncio.BlockingConnectionPool
+
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -85,7 +98,9 @@ class _Door:
         config = dict(config)
         self._client_setting = config.pop("client", None)
         if self._client_setting is None:
-            raise ImproperlyConfigured(f"{SETTING} needs a 'client': a redis URL, a redis client or a dotted path")
+            raise ImproperlyConfigured(
+                f"{SETTING} needs a 'client': a redis:// or valkey:// URL, a client or a dotted path"
+            )
         try:
             self.options: Options = _http.make_options(**config)
         except (TypeError, ValueError) as exc:
@@ -96,21 +111,22 @@ class _Door:
     def _made(self, want_async: bool) -> Any:
         setting = self._client_setting
         if isinstance(setting, str) and "://" in setting:
+            sync_class, async_class, async_pool = _url_clients(setting)
             if want_async:
-                pool = redis.asyncio.BlockingConnectionPool.from_url(setting, max_connections=64, timeout=10)
-                return redis.asyncio.Redis.from_pool(pool)
-            return redis.Redis.from_url(setting)
+                return async_class.from_pool(async_pool.from_url(setting, max_connections=64, timeout=10))
+            return sync_class.from_url(setting)
         made = setting
         if isinstance(setting, str):
             module, _, name = setting.rpartition(".")
             made = getattr(importlib.import_module(module), name)
+        made = adapted(made)  # a GLIDE client: its adapter
         if client_kind(made) is None and callable(made):
-            made = made()
+            made = adapted(made())
         if client_kind(made) is not want_async:
             world = "ASGI: an asyncio client" if want_async else "WSGI: a sync client"
             raise ImproperlyConfigured(
                 f"{SETTING}['client'] gave {type(made).__module__}.{type(made).__qualname__}; Django runs this "
-                f"middleware under {world} (redis.asyncio.Redis / redis.Redis), or give a URL for both"
+                f"middleware under {world} (redis-py's, valkey-py's or GLIDE's), or give a URL for both"
             )
         return made
 

@@ -49,7 +49,7 @@ class Idempotency(dramatiq.Middleware):
     """Run the actors declared with ``idempotency={...}`` once per key.
 
     Args:
-        client: The redis-py client (or a function of no arguments returning one)
+        client: The redis-py or valkey-py client (or a function of no arguments returning one)
             for actors whose options name none.
     """
 

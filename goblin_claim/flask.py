@@ -43,8 +43,9 @@ class Idempotency:
 
     Args:
         app: The Flask app, or ``None`` to call ``init_app`` later (app factories).
-        client: A sync ``redis.Redis`` or ``redis.cluster.RedisCluster``, or a function
-            of no arguments returning one (made on the first intercepted request).
+        client: A sync client (``redis.Redis``, ``redis.cluster.RedisCluster``, their
+            valkey-py twins or GLIDE's ``glide_sync.GlideClient``), or a function of no
+            arguments returning one (made on the first intercepted request).
         **options: The ASGI middleware's options; ``scope`` receives Flask's ``request``.
 
     Example::

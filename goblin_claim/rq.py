@@ -43,7 +43,7 @@ def idempotent_job(client: Any, *, key: Any, **options: Any) -> Callable[[Callab
     """Make an RQ job function run once per idempotency key.
 
     Args:
-        client: A redis-py client, or a function of no arguments returning one.
+        client: A redis-py or valkey-py client, or a function of no arguments returning one.
         key: A parameter name or a function of the job's arguments returning the key.
         **options: ``@idempotent``'s other options.
 

@@ -58,7 +58,21 @@ _COMMAND_INFO = {
 }
 
 
-class _GoblinCommands:
+# fakeredis's command table lists commands it does not run (DELEX, in 2.41): these
+# clients' COMMAND INFO answers nil for them, as a server without them does, so the
+# SDK's probe never picks an owner check the fake would refuse.
+_NOT_RUN = frozenset({b"delex", b"delifeq"})
+
+
+class _TruthfulCommandInfo:
+    """COMMAND INFO that lists only what the fake runs."""
+
+    def command_info(self, *commands: bytes) -> list[Any]:
+        plain: list[Any] = super().command_info(*commands)  # type: ignore[misc]
+        return [None if name.lower() in _NOT_RUN else entry for name, entry in zip(commands, plain, strict=True)]
+
+
+class _GoblinCommands(_TruthfulCommandInfo):
     """GOBLIN.CLAIM and GOBLIN.CAD for a fakeredis socket, with the seed's semantics."""
 
     _db: Any
@@ -71,7 +85,7 @@ class _GoblinCommands:
 
     def command_info(self, *commands: bytes) -> list[Any]:
         # COMMAND INFO lists the plug-in commands too, so native detection finds them.
-        plain: list[Any] = super().command_info(*commands)  # type: ignore[misc]
+        plain = super().command_info(*commands)
         return [_COMMAND_INFO.get(name.lower(), entry) for name, entry in zip(commands, plain, strict=True)]
 
     def goblin_claim(self, claim_key: CommandItem, result_key: CommandItem, token: bytes, seconds: int) -> Any:
@@ -105,19 +119,39 @@ class _NativeAsyncSocket(_GoblinCommands, AsyncFakeSocket):
     pass
 
 
+class _StockSocket(_TruthfulCommandInfo, FakeSocket):
+    pass
+
+
+class _StockAsyncSocket(_TruthfulCommandInfo, AsyncFakeSocket):
+    pass
+
+
 class _NativeConnection(FakeRedisConnection):
+    _socket_class: type[FakeSocket] = _NativeSocket
+
     def _connect(self) -> Any:
         sock = super()._connect()
         # The parent built the socket with every argument it needs; only its class changes.
-        sock.__class__ = _NativeSocket
+        sock.__class__ = self._socket_class
         return sock
 
 
+class _StockConnection(_NativeConnection):
+    _socket_class = _StockSocket
+
+
 class _NativeAsyncConnection(FakeAsyncRedisConnection):
+    _socket_class: type[AsyncFakeSocket] = _NativeAsyncSocket
+
     async def _connect(self) -> None:
         await super()._connect()
         assert self._sock is not None
-        self._sock.__class__ = _NativeAsyncSocket
+        self._sock.__class__ = self._socket_class
+
+
+class _StockAsyncConnection(_NativeAsyncConnection):
+    _socket_class = _StockAsyncSocket
 
 
 def fake_redis(native: bool, **kwargs: Any) -> fakeredis.FakeRedis:
@@ -130,6 +164,8 @@ def fake_redis(native: bool, **kwargs: Any) -> fakeredis.FakeRedis:
     """
     if native:
         kwargs["connection_class"] = _NativeConnection
+    else:
+        kwargs.setdefault("connection_class", _StockConnection)
     return fakeredis.FakeRedis(**kwargs)
 
 
@@ -142,4 +178,6 @@ def fake_async_redis(native: bool, **kwargs: Any) -> fakeredis.FakeAsyncRedis:
     """
     if native:
         kwargs["connection_class"] = _NativeAsyncConnection
+    else:
+        kwargs.setdefault("connection_class", _StockAsyncConnection)
     return fakeredis.FakeAsyncRedis(**kwargs)

@@ -35,7 +35,7 @@ from http import HTTPStatus
 from typing import Any, Literal
 
 from . import _events, _http
-from ._core import WaitSchedule, client_kind
+from ._core import SYNC_NEEDS, WaitSchedule, adapted, client_kind
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -63,7 +63,8 @@ class IdempotencyMiddleware:
 
     Args:
         app: The WSGI application to wrap.
-        client: A sync ``redis.Redis`` or ``redis.cluster.RedisCluster``, or a function
+        client: A sync client (``redis.Redis``, ``redis.cluster.RedisCluster``, their
+            valkey-py twins or GLIDE's ``glide_sync.GlideClient``), or a function
             of no arguments returning one (called on the first intercepted request,
             so a pre-forking server makes one per worker). Give it a ``socket_timeout``.
         **options: The ASGI middleware's options (``required``, ``methods``,
@@ -132,6 +133,7 @@ class SyncDoor:
         self.options = options
         self._client: Any = None
         self._factory: Callable[[], Any] | None = None
+        client = adapted(client)  # a GLIDE client: its adapter
         if client_kind(client) is None and callable(client):
             self._factory = client
         else:
@@ -143,7 +145,7 @@ class SyncDoor:
         client = self._client
         if client is None:
             assert self._factory is not None
-            made = self._factory()
+            made = adapted(self._factory())
             _check_sync_client(made)
             self._client = client = made
         return client
@@ -444,6 +446,6 @@ def _digest(claim: Claim) -> str:
 def _check_sync_client(client: object) -> None:
     if client_kind(client) is not False:
         raise InvalidArgumentTypeError(
-            "this middleware needs a sync client (redis.Redis or redis.cluster.RedisCluster) or a function of no "
+            f"this middleware needs {SYNC_NEEDS} or a function of no "
             f"arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
         )

@@ -6,10 +6,21 @@ The core, failure-path and decorator suites also run behind Sentinel (``sentinel
 primary, two replicas, three sentinels, reached through ``Sentinel.master_for``).
 Modules that set ``BACKENDS = ALL_BACKENDS`` also run on redis-server with the
 reference module loaded (``native``, ``native-cluster``: the SDK takes the native path).
+Every real-server tier runs again on Valkey's valkey-server (``make valkey-server``):
+``valkey``, ``valkey-replica``, ``valkey-cluster``, ``valkey-native``,
+``valkey-native-cluster`` and ``valkey-sentinel``. A client-kind axis (CLIENT_BACKENDS)
+runs the clients of other families on the redis-server tiers: ``valkey-py`` and
+``valkey-py-cluster`` (valkey-py, in the core, failure-path, decorator and wake-up
+suites), and GLIDE's.
 
-Real servers start once per session on free loopback ports. Outside CI a
-missing redis-server (or a module that does not build) skips their tests; with
-``CI`` set it fails them.
+Tests about a server's own behaviour (failover, persistence, replication, ACL, doctor,
+the module) run on both servers: through ``each_server`` (the session's servers of a
+tier) or, when they start servers of their own, a module's ``SERVERS = ("redis", "valkey")``.
+
+Real servers start once per session on free loopback ports (once per process under
+pytest-xdist: ``make test`` runs two). Outside CI a missing redis-server or
+valkey-server (or a module that does not build) skips their tests; with ``CI`` set
+it fails them.
 """
 
 from __future__ import annotations
@@ -42,16 +53,38 @@ from goblin_claim.testing import fake_async_redis, fake_redis
 from tests import servers
 
 IN_CI = bool(os.environ.get("CI"))
-BACKENDS = ("fake", "fake-native", "standalone", "replica", "cluster")
+# The real-server tiers run twice: on Debian's redis-server and on Valkey's valkey-server
+# (``make valkey-server``), the Valkey ones named ``valkey-<tier>``.
+VALKEY_SERVER_BACKENDS = ("valkey", "valkey-replica", "valkey-cluster")
+BACKENDS = ("fake", "fake-native", "standalone", "replica", "cluster", *VALKEY_SERVER_BACKENDS)
 # redis-server with the reference module (GOBLIN.CLAIM / GOBLIN.CAD), standalone and
 # clustered (the module on every node). Opt-in per test module, to keep the suite's time.
-NATIVE_BACKENDS = ("native", "native-cluster")
+NATIVE_BACKENDS = ("native", "native-cluster", "valkey-native", "valkey-native-cluster")
 ALL_BACKENDS = BACKENDS + NATIVE_BACKENDS
 # A primary with two replicas behind three sentinels, reached through redis-py's Sentinel
 # clients (the failover recipe's retries). Added to the core, failure-path and decorator
 # suites only (SENTINEL_SUITES): their failover scenarios live in tests/test_sentinel.py.
-SENTINEL_BACKENDS = ("sentinel",)
+SENTINEL_BACKENDS = ("sentinel", "valkey-sentinel")
 SENTINEL_SUITES = frozenset({"tests.test_claim", "tests.test_failure_path", "tests.test_idempotent"})
+# Client families beside redis-py, each a tuple of backends that run its clients on the
+# session's servers (the Driver's ``raw`` client stays redis-py). They join the suites of
+# CLIENT_SUITES: the core and failure-path suites run with every family.
+CLIENT_BACKENDS: dict[str, tuple[str, ...]] = {
+    # GLIDE: glide.GlideClient (asyncio) and glide_sync.GlideClient on the standalone
+    # redis-server, glide.GlideClusterClient and glide_sync.GlideClusterClient on the cluster.
+    "glide": ("glide", "glide-cluster"),
+    # valkey-py: valkey.Valkey and valkey.asyncio.Valkey on the standalone redis-server,
+    # both valkey.cluster.ValkeyCluster clients on the cluster (tests/valkey_py.py).
+    "valkey-py": ("valkey-py", "valkey-py-cluster"),
+}
+CLIENT_SUITES = frozenset({"tests.test_claim", "tests.test_failure_path"})
+# A family that runs in more suites than CLIENT_SUITES (the fault suite has its own
+# client axis: tests/test_faults.py's rig).
+FAMILY_SUITES: dict[str, frozenset[str]] = {
+    "valkey-py": CLIENT_SUITES | {"tests.test_idempotent", "tests.test_wakeup"},
+}
+# GLIDE's request timeout in the suites: its default (250 ms) is tight for a loaded CI machine.
+GLIDE_TEST_TIMEOUT_MS = 2000
 _counter = itertools.count()
 
 
@@ -67,6 +100,16 @@ def _binary() -> str:
     binary = servers.redis_server_binary()
     if binary is None:
         message = "redis-server is not installed (make test installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
+
+
+def _valkey_binary() -> str:
+    binary = servers.valkey_server_binary()
+    if binary is None:
+        message = "valkey-server is not built (make valkey-server builds it; make test too)"
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
@@ -98,6 +141,34 @@ def redis_cluster() -> Iterator[list[servers.RedisProcess]]:
 def redis_sentinel() -> Iterator[servers.SentinelGroup]:
     """A primary, two replicas and three sentinels, for the whole session (never failed over)."""
     with servers.sentinel_group(_binary()) as group:
+        yield group
+
+
+@pytest.fixture(scope="session")
+def valkey_standalone() -> Iterator[servers.RedisProcess]:
+    """A standalone valkey-server for the whole session."""
+    with servers.standalone(_valkey_binary()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_replicated() -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
+    """A Valkey primary with one replica, for the whole session."""
+    with servers.primary_with_replica(_valkey_binary()) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[list[servers.RedisProcess]]:
+    """A three-primary Valkey cluster, for the whole session."""
+    with servers.cluster(_valkey_binary()) as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope="session")
+def valkey_sentinel() -> Iterator[servers.SentinelGroup]:
+    """A Valkey primary, two replicas and three Valkey sentinels, for the whole session (never failed over)."""
+    with servers.sentinel_group(_valkey_binary()) as group:
         yield group
 
 
@@ -144,9 +215,27 @@ def sentinel_backend(name: str, group: servers.SentinelGroup) -> Backend:
 
 
 @pytest.fixture
-def redis_server_binary() -> str:
-    """The redis-server binary, for tests that start servers of their own."""
-    return _binary()
+def redis_server_binary(request: pytest.FixtureRequest) -> str:
+    """The server binary for tests that start servers of their own: redis-server.
+
+    In a module that sets ``SERVERS = ("redis", "valkey")`` each such test runs on
+    redis-server and again on valkey-server (ids ``redis`` and ``valkey``).
+    """
+    return _valkey_binary() if getattr(request, "param", "redis") == "valkey" else _binary()
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def each_server(request: pytest.FixtureRequest) -> Callable[[str], Any]:
+    """The session's server of a tier, on redis-server and then on valkey-server (ids ``redis``, ``valkey``).
+
+    Call it with the tier: ``"standalone"``, ``"replicated"``, ``"cluster"``, ``"sentinel"``,
+    ``"native"`` or ``"native_cluster"`` (what the ``redis_<tier>`` fixtures give).
+    """
+
+    def session(tier: str) -> Any:
+        return request.getfixturevalue(f"{request.param}_{tier}")
+
+    return session
 
 
 @pytest.fixture
@@ -208,6 +297,20 @@ def redis_native_cluster(goblin_module: str) -> Iterator[list[servers.RedisProce
         yield nodes
 
 
+@pytest.fixture(scope="session")
+def valkey_native(goblin_module: str) -> Iterator[servers.RedisProcess]:
+    """A standalone valkey-server with the reference module, for the whole session."""
+    with servers.standalone(_valkey_binary(), "--loadmodule", goblin_module) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_native_cluster(goblin_module: str) -> Iterator[list[servers.RedisProcess]]:
+    """A three-primary Valkey cluster with the reference module on every node, for the whole session."""
+    with servers.cluster(_valkey_binary(), extra=("--loadmodule", goblin_module)) as nodes:
+        yield nodes
+
+
 # --------------------------------------------------------------------------- backends
 
 
@@ -221,11 +324,21 @@ class Backend:
     make_async: Callable[..., Any]
     is_cluster: bool = False
     is_server: bool = False
+    # A redis-py client on the same data, where the clients under test are another family's.
+    make_raw: Callable[..., Any] | None = None
     _made: list[Any] = field(default_factory=list)
 
     def sync(self, **kwargs: Any) -> Any:
         """A new sync client."""
         client = self.make_sync(**kwargs)
+        self._made.append(client)
+        return client
+
+    def raw(self, **kwargs: Any) -> Any:
+        """A new sync redis-py client on the backend's data, for arranging and inspecting it."""
+        if self.make_raw is None:
+            return self.sync(**kwargs)
+        client = self.make_raw(**kwargs)
         self._made.append(client)
         return client
 
@@ -265,8 +378,90 @@ def _server_backend(name: str, host: str, port: int, cluster: bool, native: bool
     )
 
 
+async def aclose(client: Any) -> None:
+    """Close an asyncio client: redis-py's ``aclose()``, GLIDE's ``close()``."""
+    closer = getattr(client, "aclose", None)
+    await (closer() if closer is not None else client.close())
+
+
+def _glide_config(module: Any, host: str, port: int, cluster: bool, kw: dict[str, Any]) -> Any:
+    """A GLIDE client configuration for redis-py-style client options, or a skip for those GLIDE lacks."""
+    kw = dict(kw)
+    protocol = kw.pop("protocol", 3)
+    timeout_ms = kw.pop("request_timeout", GLIDE_TEST_TIMEOUT_MS)
+    if kw.pop("decode_responses", False):
+        pytest.skip("GLIDE has no decode_responses: its replies are bytes")
+    if kw:
+        pytest.skip(f"GLIDE has no equivalent of redis-py's {', '.join(sorted(kw))}")
+    make = module.GlideClusterClientConfiguration if cluster else module.GlideClientConfiguration
+    version = module.ProtocolVersion.RESP2 if protocol == 2 else module.ProtocolVersion.RESP3
+    return make([module.NodeAddress(host, port)], protocol=version, request_timeout=timeout_ms)
+
+
+def glide_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
+    """GLIDE's clients on a server (a cluster's first node): sync ``glide_sync``, asyncio ``glide``."""
+    try:
+        import glide
+        import glide_sync
+    except ImportError:
+        if IN_CI:
+            pytest.fail("valkey-glide and valkey-glide-sync are not installed")
+        pytest.skip("valkey-glide and valkey-glide-sync are not installed")
+
+    def make_sync(**kw: Any) -> Any:
+        kind = glide_sync.GlideClusterClient if cluster else glide_sync.GlideClient
+        return kind.create(_glide_config(glide_sync, host, port, cluster, kw))
+
+    def make_async(**kw: Any) -> Any:
+        kind = glide.GlideClusterClient if cluster else glide.GlideClient
+        return kind.create(_glide_config(glide, host, port, cluster, kw))  # a coroutine: awaited in the loop
+
+    raw = _server_backend(name, host, port, cluster=cluster)
+    return Backend(
+        name,
+        native=False,
+        make_sync=make_sync,
+        make_async=make_async,
+        is_cluster=cluster,
+        is_server=True,
+        make_raw=raw.make_sync,
+    )
+
+
+def valkey_py_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
+    """valkey-py's clients on a server (a cluster's first node), given redis-py's options translated."""
+    try:
+        from tests import valkey_py
+    except ImportError:
+        if IN_CI:
+            pytest.fail("valkey (valkey-py) is not installed")
+        pytest.skip("valkey (valkey-py) is not installed")
+    make_sync, make_async = (valkey_py.cluster_clients if cluster else valkey_py.standalone_clients)(host, port)
+    raw = _server_backend(name, host, port, cluster=cluster)
+    return Backend(
+        name,
+        native=False,
+        make_sync=make_sync,
+        make_async=make_async,
+        is_cluster=cluster,
+        is_server=True,
+        make_raw=raw.make_sync,
+    )
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Run every test that uses ``backend`` on its module's ``BACKENDS`` (by default this file's)."""
+    """Run every test that uses ``backend`` on its module's ``BACKENDS`` (by default this file's).
+
+    Tests that start servers of their own (``redis_server_binary``, ``own_server``) run
+    on each server of their module's ``SERVERS`` (by default redis-server alone).
+    """
+    kinds = getattr(metafunc.module, "SERVERS", None)
+    chosen: set[str] = set()
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        chosen.update(name.strip() for name in (names.split(",") if isinstance(names, str) else names))
+    if kinds and "redis_server_binary" in metafunc.fixturenames and "redis_server_binary" not in chosen:
+        metafunc.parametrize("redis_server_binary", kinds, indirect=True)  # unless the test chose its server
     if "backend" not in metafunc.fixturenames:
         return
     if any("backend" in marker.args[0] for marker in metafunc.definition.iter_markers("parametrize")):
@@ -274,7 +469,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     backends = tuple(getattr(metafunc.module, "BACKENDS", BACKENDS))
     if metafunc.module.__name__ in SENTINEL_SUITES:
         backends += SENTINEL_BACKENDS
+    for family, names in CLIENT_BACKENDS.items():
+        if metafunc.module.__name__ in FAMILY_SUITES.get(family, CLIENT_SUITES):
+            backends += names
     metafunc.parametrize("backend", backends, indirect=True)
+
+
+# The Valkey tiers: backend name -> (session fixture, is a cluster, loads the reference module).
+_VALKEY_FIXTURES: dict[str, tuple[str, bool, bool]] = {
+    "valkey": ("valkey_standalone", False, False),
+    "valkey-replica": ("valkey_replicated", False, False),
+    "valkey-cluster": ("valkey_cluster", True, False),
+    "valkey-native": ("valkey_native", False, True),
+    "valkey-native-cluster": ("valkey_native_cluster", True, True),
+    "valkey-sentinel": ("valkey_sentinel", False, False),
+}
 
 
 @pytest.fixture
@@ -306,6 +515,24 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     elif name == "native-cluster":
         nodes = request.getfixturevalue("redis_native_cluster")
         made = _server_backend(name, servers.HOST, nodes[0].port, cluster=True, native=True)
+    elif name in ("valkey-py", "valkey-py-cluster"):
+        cluster = name == "valkey-py-cluster"
+        value = request.getfixturevalue("redis_cluster" if cluster else "redis_standalone")
+        made = valkey_py_backend(name, servers.HOST, value[0].port if cluster else value.port, cluster=cluster)
+    elif name == "glide":
+        srv = request.getfixturevalue("redis_standalone")
+        made = glide_backend(name, servers.HOST, srv.port, cluster=False)
+    elif name == "glide-cluster":
+        nodes = request.getfixturevalue("redis_cluster")
+        made = glide_backend(name, servers.HOST, nodes[0].port, cluster=True)
+    elif name in _VALKEY_FIXTURES:
+        fixture, cluster, native = _VALKEY_FIXTURES[name]
+        value = request.getfixturevalue(fixture)
+        if name == "valkey-sentinel":
+            made = sentinel_backend(name, value)
+        else:
+            port = value[0].port if isinstance(value, (list, tuple)) else value.port  # a replica pair: its primary
+            made = _server_backend(name, servers.HOST, port, cluster=cluster, native=native)
     else:
         nodes = request.getfixturevalue("redis_cluster")
         made = _server_backend(name, servers.HOST, nodes[0].port, cluster=True)
@@ -375,18 +602,24 @@ class Driver:
 
 
 def _make_driver(kind: str, backend: Backend, **client_kwargs: Any) -> tuple[Driver, Callable[[], None]]:
-    raw = backend.sync(**client_kwargs)
+    raw = backend.raw(**client_kwargs)
     if kind == "sync":
-        return Driver(kind, backend, raw, raw, None), lambda: None
+        client = raw if backend.make_raw is None else backend.sync(**client_kwargs)
+        return Driver(kind, backend, client, raw, None), lambda: None
     run = Runner()
 
     async def make() -> Any:
-        return backend.async_(**client_kwargs)
+        made = backend.async_(**client_kwargs)
+        return await made if inspect.isawaitable(made) else made  # GLIDE's clients are made by a coroutine
 
-    client = run(make())
+    try:
+        client = run(make())
+    except BaseException:  # a skip for an option the client family lacks
+        run.close()
+        raise
 
     def close() -> None:
-        run(client.aclose())
+        run(aclose(client))
         run.close()
 
     return Driver(kind, backend, client, raw, run), close
@@ -449,18 +682,19 @@ class Deco:
 @pytest.fixture(params=["sync", "async"])
 def deco(request: pytest.FixtureRequest, backend: Backend) -> Iterator[Deco]:
     """The decorator on the backend under test, for def and async def."""
-    raw = backend.sync()
+    raw = backend.raw()
     if request.param == "sync":
-        yield Deco("sync", raw, raw, None)
+        yield Deco("sync", raw if backend.make_raw is None else backend.sync(), raw, None)
         return
     run = Runner()
 
     async def make() -> Any:
-        return backend.async_()
+        made = backend.async_()
+        return await made if inspect.isawaitable(made) else made
 
     client = run(make())
     yield Deco("async", client, raw, run)
-    run(client.aclose())
+    run(aclose(client))
     run.close()
 
 
@@ -470,14 +704,27 @@ _FIGURES: list[str] = []
 
 
 @pytest.fixture
-def figures() -> Callable[[str], None]:
-    """Record a one-line figure of a fault test: printed, and repeated in pytest's terminal summary."""
+def figures(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record a one-line figure of a fault test: printed, and repeated in pytest's terminal summary.
+
+    The line travels in the test's report (``user_properties``), so under pytest-xdist the
+    controlling process, which prints the summary, gets the figures its workers recorded.
+    """
+    callspec = getattr(request.node, "callspec", None)
+    server = callspec.params.get("redis_server_binary") if callspec is not None else None
+    prefix = f"[{server}-server] " if server else ""  # a test run on both servers says which
 
     def record(line: str) -> None:
-        print(line)
-        _FIGURES.append(line)
+        print(prefix + line)
+        request.node.user_properties.append(("figure", prefix + line))
 
     return record
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the figures a test recorded, from its teardown report (which carries all of them)."""
+    if report.when == "teardown":
+        _FIGURES.extend(str(value) for name, value in report.user_properties if name == "figure")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

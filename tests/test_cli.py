@@ -1,11 +1,16 @@
-"""``goblin-claim``: doctor, inspect and forget against real servers (in process, and the installed script)."""
+"""``goblin-claim``: doctor, inspect and forget against real servers (in process, and the installed script).
+
+doctor's checks of a server run on redis-server and again on valkey-server (``each_server``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +21,8 @@ from goblin_claim import Claim, Claimed, idempotent
 from goblin_claim._cli import eviction_finding, main, native_finding
 from tests import servers
 from tests.conftest import unique
+
+Tier = Callable[[str], Any]  # each_server: the session's server of a tier
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -69,12 +76,11 @@ def test_an_unreachable_server_exits_1_with_what_to_check() -> None:
 # --------------------------------------------------------------------------- doctor
 
 
-def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(
-    redis_standalone: servers.RedisProcess, stock: redis.Redis
-) -> None:
+def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(each_server: Tier) -> None:
     """Stock Redis with noeviction: scripts load, the module is optional, the ACL check passes; exit 0, no keys left."""
+    server = each_server("standalone")
     namespace = unique("doctor")
-    status, text = run("doctor", "--url", url(redis_standalone), "--namespace", namespace, "--ephemeral")
+    status, text = run("doctor", "--url", url(server), "--namespace", namespace, "--ephemeral")
     assert status == 0, text
     assert "standalone" in text
     assert "GOBLIN.CLAIM / GOBLIN.CAD are not loaded" in text
@@ -83,21 +89,23 @@ def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(
     assert "maxmemory-policy noeviction" in text
     assert "may run on" in text
     assert "no problems" in text
-    assert stock.keys(f"{namespace}:*") == []
+    with contextlib.closing(server.client()) as stock:
+        assert stock.keys(f"{namespace}:*") == []
 
 
-def test_doctor_on_the_module_server_finds_the_native_commands(redis_native: servers.RedisProcess) -> None:
+def test_doctor_on_the_module_server_finds_the_native_commands(each_server: Tier) -> None:
     """With the module loaded: GOBLIN.CLAIM / GOBLIN.CAD found, and the ACL check runs them too."""
-    status, text = run("doctor", "--url", url(redis_native), "--namespace", unique("doctor"), "--ephemeral")
+    status, text = run("doctor", "--url", url(each_server("native")), "--namespace", unique("doctor"), "--ephemeral")
     assert status == 0, text
     assert "GOBLIN.CLAIM and GOBLIN.CAD are loaded" in text
     assert "claim (GOBLIN.CLAIM)" in text
     assert "release (GOBLIN.CAD)" in text
 
 
-def test_doctor_on_the_module_cluster_checks_every_primary(redis_native_cluster: list[servers.RedisProcess]) -> None:
+def test_doctor_on_the_module_cluster_checks_every_primary(each_server: Tier) -> None:
     """Given one node of a cluster with the module everywhere: a cluster of 3 primaries, native, no problem."""
-    status, text = run("doctor", "--url", url(redis_native_cluster[1]), "--namespace", unique("doctor"), "--ephemeral")
+    node = each_server("native_cluster")[1]
+    status, text = run("doctor", "--url", url(node), "--namespace", unique("doctor"), "--ephemeral")
     assert status == 0, text
     assert "a cluster of 3 primaries" in text
     assert "GOBLIN.CLAIM and GOBLIN.CAD are loaded" in text
@@ -105,9 +113,10 @@ def test_doctor_on_the_module_cluster_checks_every_primary(redis_native_cluster:
     assert text.count("maxmemory-policy noeviction") == 3
 
 
-def test_doctor_on_a_stock_cluster(redis_cluster: list[servers.RedisProcess]) -> None:
+def test_doctor_on_a_stock_cluster(each_server: Tier) -> None:
     """A cluster without the module: the scripts are used, no problem."""
-    status, text = run("doctor", "--url", url(redis_cluster[0]), "--namespace", unique("doctor"), "--ephemeral")
+    node = each_server("cluster")[0]
+    status, text = run("doctor", "--url", url(node), "--namespace", unique("doctor"), "--ephemeral")
     assert status == 0, text
     assert "a cluster of 3 primaries" in text
     assert "not loaded" in text
@@ -122,20 +131,20 @@ def test_a_cluster_with_the_module_on_some_nodes_is_a_problem() -> None:
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "volatile-ttl", "allkeys-random"])
-def test_doctor_flags_policies_that_evict_results(
-    redis_standalone: servers.RedisProcess, stock: redis.Redis, policy: str
-) -> None:
+def test_doctor_flags_policies_that_evict_results(each_server: Tier, policy: str) -> None:
     """Any policy but noeviction, with a maxmemory, is a problem (volatile-* too: every key has a TTL); exit 1."""
-    before = stock.config_get("maxmemory*")
-    try:
-        stock.config_set("maxmemory", "1gb")
-        stock.config_set("maxmemory-policy", policy)
-        status, text = run("doctor", "--url", url(redis_standalone), "--no-write")
-    finally:
-        stock.config_set("maxmemory", before["maxmemory"])
-        stock.config_set("maxmemory-policy", before["maxmemory-policy"])
+    server = each_server("standalone")
+    with contextlib.closing(server.client()) as stock:
+        before = stock.config_get("maxmemory*")
+        try:
+            stock.config_set("maxmemory", "1gb")
+            stock.config_set("maxmemory-policy", policy)
+            status, text = run("doctor", "--url", url(server), "--no-write")
+        finally:
+            stock.config_set("maxmemory", before["maxmemory"])
+            stock.config_set("maxmemory-policy", before["maxmemory-policy"])
     assert status == 1, text
-    assert f"PROBLEM  {servers.HOST}:{redis_standalone.port}: maxmemory-policy {policy} can evict results" in text
+    assert f"PROBLEM  {servers.HOST}:{server.port}: maxmemory-policy {policy} can evict results" in text
     assert "CONFIG SET maxmemory-policy noeviction" in text
 
 
@@ -146,31 +155,35 @@ def test_an_evicting_policy_without_maxmemory_is_a_note() -> None:
     assert "once one is" in finding.what
 
 
+# The server's refusal, by kind: a command, or a key ("no permissions to access one of the
+# keys" on Redis 7, "No permissions to access a key" on Valkey 9).
 @pytest.mark.parametrize(
     ("commands", "keys", "refusal", "grant"),
-    [(["+@all", "-evalsha"], "goblin:*", "'evalsha' command", "+evalsha"),
-     (["+@all"], "other:*", "no permissions to access one of the keys", "~goblin:*")],
+    [(["+@all", "-evalsha"], "goblin:*", r"'evalsha' command", "+evalsha"),
+     (["+@all"], "other:*", r"(?i)no permissions to access .*\bkey", "~goblin:*")],
     ids=["no-evalsha", "other-keys"],
 )  # fmt: skip
 def test_doctor_says_what_a_restricted_acl_user_may_not_run(
-    redis_standalone: servers.RedisProcess, stock: redis.Redis, commands: list[str], keys: str, refusal: str, grant: str
+    each_server: Tier, commands: list[str], keys: str, refusal: str, grant: str
 ) -> None:
     """A user without EVALSHA, or without the namespace's keys: a problem naming the refusal and the grants."""
+    server = each_server("standalone")
     user = unique("user")
-    stock.acl_setuser(user, enabled=True, passwords=["+pw"], keys=[keys], commands=commands)
-    try:
-        status, text = run("doctor", "--url", url(redis_standalone, user))
-        assert status == 1, text
-        assert f"ACL user '{user}' may not run" in text
-        assert refusal in text
-        assert grant in text
-    finally:
-        stock.acl_deluser(user)
+    with contextlib.closing(server.client()) as stock:
+        stock.acl_setuser(user, enabled=True, passwords=["+pw"], keys=[keys], commands=commands)
+        try:
+            status, text = run("doctor", "--url", url(server, user))
+            assert status == 1, text
+            assert f"ACL user '{user}' may not run" in text
+            assert re.search(refusal, text), text
+            assert grant in text
+        finally:
+            stock.acl_deluser(user)
 
 
-def test_doctor_on_a_replica_is_a_problem(redis_replicated: tuple[servers.RedisProcess, servers.RedisProcess]) -> None:
+def test_doctor_on_a_replica_is_a_problem(each_server: Tier) -> None:
     """Pointed at a replica: a problem (claims go to the primary), and its writes are refused."""
-    _, replica = redis_replicated
+    _, replica = each_server("replicated")
     status, text = run("doctor", "--url", url(replica), "--namespace", unique("doctor"))
     assert status == 1, text
     assert "is a replica" in text

@@ -1,10 +1,13 @@
-"""Four implementations of the protocol, held to the seed side by side.
+"""Five implementations of the protocol, held to the seed side by side.
 
 The reference module on a real redis-server, the seed's own Lua script on a stock
-redis-server, the fakeredis plug-in (``goblin_claim.testing``) and a pure-Python
-model (``tests/protocol_model.py``) run every row of the seed's table and its edge
-cases, called directly, inside MULTI/EXEC and from a script (``redis.call``), and
-must agree: by reply, by kind of error, and by what the keyspace holds afterwards
+redis-server, the fakeredis plug-in (``goblin_claim.testing``), Valkey's built-in
+owner checks (``DELIFEQ`` for CAD, ``SET ... IFEQ ... EX`` for the lease renewal,
+on valkey-server without the module) and a pure-Python model
+(``tests/protocol_model.py``) run every row of the seed's table and its edge
+cases, and the SDK's lease renewal (extend.lua where there is no built-in check),
+called directly, inside MULTI/EXEC and from a script (``redis.call``), and must
+agree: by reply, by kind of error, and by what the keyspace holds afterwards
 (types, values and TTLs). Each case also states the reply the seed prescribes.
 """
 
@@ -18,7 +21,8 @@ import pytest
 import redis
 
 from goblin_claim.testing import fake_redis
-from tests.conftest import unique
+from tests import servers
+from tests.conftest import IN_CI, unique
 from tests.protocol_impls import CALL_CLAIM, CONTEXTS, ClientImpl, ModelImpl
 from tests.protocol_model import Error, Model, Reply, error_kind
 from tests.servers import RedisProcess
@@ -28,16 +32,26 @@ Impl = ClientImpl | ModelImpl
 
 
 @pytest.fixture
-def impls(redis_native: RedisProcess, redis_standalone: RedisProcess) -> Iterator[list[Impl]]:
-    """The module, the seed's script, the plug-in and the model, each on an empty data set of its own."""
+def impls(
+    request: pytest.FixtureRequest, redis_native: RedisProcess, redis_standalone: RedisProcess
+) -> Iterator[list[Impl]]:
+    """The module, the seed's script, the plug-in, Valkey's built-ins and the model, each on a data set of its own.
+
+    Valkey's built-ins join where valkey-server is built (always in CI).
+    """
     module, stock, fake = redis_native.client(), redis_standalone.client(), fake_redis(native=True)
-    yield [
+    clients = [module, stock, fake]
+    found = [
         ClientImpl("module", module, native=True),
         ClientImpl("seed script", stock, native=False),
         ClientImpl("plug-in", fake, native=True),
-        ModelImpl(),
     ]
-    for client in (module, stock, fake):
+    if IN_CI or servers.valkey_server_binary() is not None:
+        valkey: RedisProcess = request.getfixturevalue("valkey_standalone")
+        clients.append(valkey.client())
+        found.append(ClientImpl("valkey built-ins", clients[-1], native=False, builtin=True))
+    yield [*found, ModelImpl()]
+    for client in clients:
         client.close()
 
 
@@ -145,6 +159,42 @@ CASES: dict[str, tuple[tuple[tuple[Any, ...], ...], str, tuple[Any, ...], Reply]
     "CAD prefix of the value: 0": ((("set", "c", WORKER_3),), "cad", ("c", b"worker-"), 0),
     "CAD integer value, match: 1": ((("set", "c", b"42"),), "cad", ("c", b"42"), 1),
     "CAD wrong type: WRONGTYPE, kept": ((("hset", "c"),), "cad", ("c", WORKER_3), Error("WRONGTYPE")),
+    # The lease renewal (extend.lua, SET ... IFEQ ... EX): the seconds are always a positive int.
+    "extend held by the token: 1, the lease renewed": (
+        (("set", "c", WORKER_3, 5000),),
+        "extend",
+        ("c", WORKER_3, b"30"),
+        1,
+    ),
+    "extend held without an expiry: 1, now it expires": (
+        (("set", "c", WORKER_3),),
+        "extend",
+        ("c", WORKER_3, b"30"),
+        1,
+    ),
+    "extend held by another token: 0, kept": (
+        (("set", "c", WORKER_3, 5000),),
+        "extend",
+        ("c", b"worker-9", b"30"),
+        0,
+    ),
+    "extend missing: 0, nothing made": ((), "extend", ("c", WORKER_3, b"30"), 0),
+    "extend lapsed: 0": ((("set", "c", WORKER_3, 1), ("sleep", 5)), "extend", ("c", WORKER_3, b"30"), 0),
+    "extend completed (the done marker): 0, kept": (
+        (("set", "c", b"done worker-3", 5000),),
+        "extend",
+        ("c", WORKER_3, b"30"),
+        0,
+    ),
+    "extend prefix of the value: 0": ((("set", "c", WORKER_3, 5000),), "extend", ("c", b"worker-", b"30"), 0),
+    "extend integer value, match: 1": ((("set", "c", b"42", 5000),), "extend", ("c", b"42", b"30"), 1),
+    "extend binary token, match: 1": (
+        (("set", "c", b"\x00\xff\r\n", 5000),),
+        "extend",
+        ("c", b"\x00\xff\r\n", b"30"),
+        1,
+    ),
+    "extend wrong type: WRONGTYPE, kept": ((("hset", "c"),), "extend", ("c", WORKER_3, b"30"), Error("WRONGTYPE")),
 }
 # A bad seconds is an error whether the claim is free or held (SET checks it before NX).
 BAD_SECONDS: dict[bytes, str] = {

@@ -1,4 +1,6 @@
-"""``goblin-claim doctor`` names what a restricted ACL user lacks, per operation, on real redis-server.
+"""``goblin-claim doctor`` names what a restricted ACL user lacks, per operation, on real servers.
+
+Each test runs on redis-server and again on valkey-server (the session's servers).
 
 The commands each operation needs are read from the scripts themselves; publishing
 and subscribing only wake waiters (they poll without), so lacking them is a note.
@@ -17,10 +19,24 @@ from tests import servers
 from tests.conftest import unique
 
 
+@pytest.fixture(params=["redis", "valkey"])
+def standalone(request: pytest.FixtureRequest) -> servers.RedisProcess:
+    """The session's standalone server: redis-server, then valkey-server."""
+    server: servers.RedisProcess = request.getfixturevalue(f"{request.param}_standalone")
+    return server
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def with_module(request: pytest.FixtureRequest) -> servers.RedisProcess:
+    """The session's standalone server with the reference module: redis-server, then valkey-server."""
+    server: servers.RedisProcess = request.getfixturevalue(f"{request.param}_native")
+    return server
+
+
 @pytest.fixture
-def admin(redis_standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
+def admin(standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
     """The default (all-powerful) user on the session's standalone server."""
-    client = redis_standalone.client()
+    client = standalone.client()
     yield client
     client.close()
 
@@ -39,10 +55,10 @@ def findings_for(server: servers.RedisProcess, admin: redis.Redis, *rules: str, 
 
 
 def test_exact_command_list_without_pttl_and_time_names_them_for_claim_wait_and_batch(
-    redis_standalone: servers.RedisProcess, admin: redis.Redis
+    standalone: servers.RedisProcess, admin: redis.Redis
 ) -> None:
     """Exact commands evalsha eval get set del expire strlen: claim, wait and batch lack pttl and time, by name."""
-    found = findings_for(redis_standalone, admin, "+evalsha", "+eval", "+get", "+set", "+del", "+expire", "+strlen")
+    found = findings_for(standalone, admin, "+evalsha", "+eval", "+get", "+set", "+del", "+expire", "+strlen")
     (problem,) = [f for f in found if f.level == "problem" and "on the scripts path" in f.what]
     claim_needs = script_commands("claim")
     missing = " ".join(sorted(claim_needs & {"pttl", "time"}))
@@ -54,10 +70,10 @@ def test_exact_command_list_without_pttl_and_time_names_them_for_claim_wait_and_
 
 
 def test_categories_without_pubsub_make_publish_and_subscribe_notes_not_problems(
-    redis_standalone: servers.RedisProcess, admin: redis.Redis
+    standalone: servers.RedisProcess, admin: redis.Redis
 ) -> None:
     """+@read +@write +@scripting (no pub/sub): PUBLISH and SUBSCRIBE are notes naming the operations they wake."""
-    found = findings_for(redis_standalone, admin, "+@read", "+@write", "+@scripting")
+    found = findings_for(standalone, admin, "+@read", "+@write", "+@scripting")
     notes = {f.what.split(" may not ")[1].split(" ")[0]: f for f in found if f.level == "note" and "may not" in f.what}
     assert {"PUBLISH", "SUBSCRIBE"} <= notes.keys()
     assert "poll instead" in notes["PUBLISH"].what
@@ -66,19 +82,19 @@ def test_categories_without_pubsub_make_publish_and_subscribe_notes_not_problems
     )
 
 
-def test_a_user_with_every_command_gets_one_ok(redis_standalone: servers.RedisProcess, admin: redis.Redis) -> None:
+def test_a_user_with_every_command_gets_one_ok(standalone: servers.RedisProcess, admin: redis.Redis) -> None:
     """+@all with the namespace's channels: every operation has what it needs, one ok line."""
     namespace = unique("acl")
-    found = findings_for(redis_standalone, admin, "+@all", f"&{namespace}:*", namespace=namespace)
+    found = findings_for(standalone, admin, "+@all", f"&{namespace}:*", namespace=namespace)
     assert [f.level for f in found if "every command each operation needs" in f.what] == ["ok"]
     assert not [f for f in found if f.level in ("problem", "note") and "on the" in f.what]
 
 
-def test_native_path_needs_the_module_commands(redis_native: servers.RedisProcess) -> None:
+def test_native_path_needs_the_module_commands(with_module: servers.RedisProcess) -> None:
     """With the module: a user without goblin.cad is told release lacks it on the native path."""
-    admin = redis_native.client()
+    admin = with_module.client()
     try:
-        found = findings_for(redis_native, admin, "+@all", "-goblin.cad")
+        found = findings_for(with_module, admin, "+@all", "-goblin.cad")
     finally:
         admin.close()
     (problem,) = [f for f in found if f.level == "problem" and "on the native path" in f.what]

@@ -1,4 +1,7 @@
-"""Opt-in durability: ``replicas=`` sends WAIT behind the claim and behind complete(), on real servers."""
+"""Opt-in durability: ``replicas=`` sends WAIT behind the claim and behind complete(), on real servers.
+
+The replicated tests run on redis-server and again on valkey-server.
+"""
 
 from __future__ import annotations
 
@@ -26,11 +29,21 @@ from goblin_claim import (
 from tests import servers
 from tests.conftest import unique
 
+# The tests that start servers of their own run on both (tests/conftest.py).
+SERVERS = ("redis", "valkey")
+
+
+@pytest.fixture(params=SERVERS)
+def replicated(request: pytest.FixtureRequest) -> tuple[servers.RedisProcess, servers.RedisProcess]:
+    """The session's primary and its replica: redis-server, then valkey-server."""
+    made: tuple[servers.RedisProcess, servers.RedisProcess] = request.getfixturevalue(f"{request.param}_replicated")
+    return made
+
 
 @pytest.fixture
-def pair(redis_replicated: tuple[servers.RedisProcess, servers.RedisProcess]) -> Iterator[tuple[Any, Any]]:
+def pair(replicated: tuple[servers.RedisProcess, servers.RedisProcess]) -> Iterator[tuple[Any, Any]]:
     """Sync clients on the session's primary and on its replica."""
-    primary, replica = redis_replicated
+    primary, replica = replicated
     clients = (primary.client(), replica.client())
     yield clients
     for client in clients:
@@ -50,10 +63,10 @@ def test_claim_and_complete_reach_the_replica_before_returning(pair: tuple[Any, 
 
 
 def test_async_claim_and_complete_reach_the_replica(
-    redis_replicated: tuple[servers.RedisProcess, servers.RedisProcess], pair: tuple[Any, Any]
+    replicated: tuple[servers.RedisProcess, servers.RedisProcess], pair: tuple[Any, Any]
 ) -> None:
     """The asyncio twin waits for the replica the same way."""
-    primary_server, _ = redis_replicated
+    primary_server, _ = replicated
     replica = pair[1]
 
     async def scenario() -> None:
@@ -88,6 +101,8 @@ def test_a_stopped_replica_is_reported_and_the_writes_stay_on_the_primary(redis_
     with servers.primary_with_replica(redis_server_binary) as (primary_server, replica_server):
         primary = primary_server.client()
         try:
+            primary.set(unique("warm"), 1)
+            assert primary.wait(1, 10000) == 1  # acknowledging already, before the 300 ms WAITs
             owner = Claim(primary, unique(), replicas=1, replica_timeout_ms=300)
             assert isinstance(owner.acquire(), Claimed)
             replica_server.stop()

@@ -1,8 +1,9 @@
 """The final write of ``@idempotent`` across failovers: demoted primaries, unblocked WAITs, restarts.
 
-Every scenario runs on real redis-server processes of its own (a demotion or a
-restart would disturb the session's servers) and counts executions: the
-function runs once, and every error raised after it returned carries ``.result``.
+Every scenario runs on real server processes of its own, redis-server and then
+valkey-server (a demotion or a restart would disturb the session's servers), and
+counts executions: the function runs once, and every error raised after it
+returned carries ``.result``.
 A ``FaultProxy`` plays the virtual IP or DNS name a failover moves: connections
 already open stay on the old primary, new ones reach the new one.
 """
@@ -41,6 +42,8 @@ from tests.proxy import FaultProxy
 
 # A replica syncs at once instead of after redis-server's default 5 s delay.
 FAST_SYNC = ("--repl-diskless-sync-delay", "0")
+# The scenarios on servers of their own run on redis-server and again on valkey-server.
+SERVERS = ("redis", "valkey")
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The fault suite, on real redis-server processes.
 
-Through a fault proxy (``tests/proxy.py``), sync and asyncio, standalone and cluster:
+Through a fault proxy (``tests/proxy.py``), sync and asyncio, standalone and cluster,
+with redis-py's clients and with valkey-py's:
 for every round trip (acquire, complete, extend, release, forget, the decorator's
 final write), a reply lost after the server acted and re-sent by redis-py, a reply
 held past the client's timeout, and a connection cut before the server acted.
@@ -152,7 +153,7 @@ class Rig:
 
 async def _aclose(client: Any) -> None:
     await client.aclose()
-    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+    if hasattr(client, "nodes_manager"):  # redis-py's or valkey-py's asyncio cluster client
         # redis-py 8.1: after a connection error without retries the cluster client
         # marks itself uninitialized, and aclose() then closes nothing.
         await client.nodes_manager.aclose()
@@ -195,10 +196,37 @@ def expiry_offenders(raw: Any, prefix: str) -> dict[str, int]:
     return offenders
 
 
-@pytest.fixture(params=["sync-standalone", "async-standalone", "sync-cluster", "async-cluster"])
+# Each driver on each topology, with redis-py's clients and again with valkey-py's.
+_RIGS = [
+    f"{kind}-{topology}{family}"
+    for family in ("", "-valkey-py")
+    for topology in ("standalone", "cluster")
+    for kind in ("sync", "async")
+]
+
+
+def _valkey_py(kind: str, topology: str) -> Callable[..., Any]:
+    """The valkey-py client class of a rig, taking redis-py's options (tests/valkey_py.py translates them)."""
+    import valkey
+    import valkey.asyncio
+    import valkey.asyncio.cluster
+    import valkey.cluster
+
+    from tests.valkey_py import translate
+
+    asyncio = kind == "async"
+    if topology == "standalone":
+        factory: Any = valkey.asyncio.Valkey if asyncio else valkey.Valkey
+    else:
+        factory = valkey.asyncio.cluster.ValkeyCluster if asyncio else valkey.cluster.ValkeyCluster
+    cluster = topology == "cluster"
+    return lambda **options: factory(**translate(options, asyncio=asyncio, cluster=cluster))
+
+
+@pytest.fixture(params=_RIGS)
 def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
-    """Each driver on each real topology, through fault proxies (one per node, sharing their faults)."""
-    kind, topology = request.param.split("-")
+    """Each driver on each topology and client family, through fault proxies (one per node, sharing their faults)."""
+    kind, topology, *family = request.param.split("-", 2)
     faults = Faults()
     with contextlib.ExitStack() as stack:
         connect: Callable[..., Any]
@@ -207,12 +235,14 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
             proxy = stack.enter_context(FaultProxy(server.port, faults))
             raw: Any = redis.Redis(host=HOST, port=server.port)
             connect = redis.Redis if kind == "sync" else redis.asyncio.Redis
-            connect = _partial(connect, host=HOST, port=proxy.port)
+            connect = _partial(_valkey_py(kind, topology) if family else connect, host=HOST, port=proxy.port)
         else:
             nodes: list[RedisProcess] = request.getfixturevalue("redis_cluster")
             proxies, remap = stack.enter_context(proxy_nodes([node.port for node in nodes], faults))
             raw = redis.cluster.RedisCluster(host=HOST, port=nodes[0].port)
             connect = redis.cluster.RedisCluster if kind == "sync" else redis.asyncio.cluster.RedisCluster
+            if family:
+                connect = _valkey_py(kind, topology)
             connect = _partial(connect, host=HOST, port=proxies[0].port, address_remap=remap)
         made = Rig(kind, topology, faults, raw, connect, run=Runner() if kind == "async" else None)
         try:

@@ -21,17 +21,26 @@ from tests.servers import RedisProcess
 
 
 class Recorder:
-    """Records the name of every command a sync client sends (the server is real or fake, never mocked)."""
+    """Records the name of every command a sync client sends, pipelined ones too (the server is never mocked)."""
 
     def __init__(self, client: Any) -> None:
         self.names: list[str] = []
-        original = client.execute_command
+        client.execute_command = self._recording(client.execute_command)
+        make_pipeline = client.pipeline
 
+        def pipeline(*args: Any, **options: Any) -> Any:
+            pipe = make_pipeline(*args, **options)
+            pipe.execute_command = self._recording(pipe.execute_command)
+            return pipe
+
+        client.pipeline = pipeline
+
+    def _recording(self, original: Any) -> Any:
         def execute_command(*args: Any, **options: Any) -> Any:
             self.names.append(str(args[0]).upper())
             return original(*args, **options)
 
-        client.execute_command = execute_command
+        return execute_command
 
 
 def test_auto_uses_native_commands_where_present() -> None:

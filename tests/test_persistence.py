@@ -1,4 +1,4 @@
-"""What a restart keeps, on real redis-server processes: no persistence, RDB only, AOF; and what doctor says.
+"""What a restart keeps, on real redis-server and valkey-server processes: no persistence, RDB only, AOF; doctor.
 
 Each test crashes its own server (SIGKILL) and starts it again on the same port and
 directory, then asks for the ids completed before: executions are counted in the test
@@ -22,6 +22,8 @@ from tests.conftest import unique
 
 Figures = Callable[[str], None]
 IDS = 200
+# Every scenario runs on redis-server and again on valkey-server.
+SERVERS = ("redis", "valkey")
 
 
 class Own:

@@ -5,7 +5,7 @@ reply that wrote nothing (a stored result read back, a re-sent complete, a claim
 this handle already held, on a fresh connection) would make it count nothing.
 The scripts rewrite what they read, unchanged, so the WAIT behind them means it.
 Each test freezes the replica (SIGSTOP) where a write must not be reported as
-replicated, and counts what the SDK says.
+replicated, and counts what the SDK says; on redis-server, then on valkey-server.
 """
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ import redis.asyncio
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, NotReplicatedError
 from goblin_claim.testing import fake_redis
 from tests import servers
-from tests.conftest import _binary, unique
+from tests.conftest import _binary, _valkey_binary, unique
 
 FAST_SYNC = ("--repl-diskless-sync-delay", "0")
 # Short: every WAIT against the frozen replica runs out.
 TIMEOUT_MS = 300
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
-    """A primary and its replica for this module (the session's replica is never frozen)."""
-    with servers.primary_with_replica(_binary(), FAST_SYNC) as made:
+@pytest.fixture(scope="module", params=["redis", "valkey"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
+    """A primary and its replica for this module (the session's replica is never frozen), on each server."""
+    binary = _valkey_binary() if request.param == "valkey" else _binary()
+    with servers.primary_with_replica(binary, FAST_SYNC) as made:
         with contextlib.closing(made[0].client()) as client:
             client.set(unique("warm"), 1)
             assert client.wait(1, 10000) == 1  # the replica acknowledges before the first test

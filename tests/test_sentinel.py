@@ -1,4 +1,4 @@
-"""Failovers under Sentinel, on real redis-server processes: a killed primary and a frozen one.
+"""Failovers under Sentinel, on real redis-server and valkey-server processes: a killed primary and a frozen one.
 
 Each test starts its own group (a primary, two replicas, three sentinels; a primary is
 down after 1 s) and runs a crowd of callers through ``@idempotent`` with the README's
@@ -42,6 +42,8 @@ RECIPE_SERVER = ("--min-replicas-to-write", "1", "--min-replicas-max-lag", "2")
 LEASE = 5  # longer than a failover (about 2-3 s here), so a live owner's lease outlasts it
 IDS = 1500
 CALLERS = 4
+# The recipe's failovers run on redis-server's Sentinel and again on valkey-server's.
+SERVERS = ("redis", "valkey")
 
 
 def recipe_options(kind: str) -> dict[str, Any]:
@@ -356,6 +358,7 @@ def test_master_for_without_a_retry_never_resends_so_the_recipe_passes_one(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("redis_server_binary", ["redis"], indirect=True)  # what redis-py does: one server shows it
 def test_frozen_primary_without_the_recipe_splits_answers_and_loses_results(
     redis_server_binary: str, figures: Figures
 ) -> None:

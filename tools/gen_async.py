@@ -23,6 +23,11 @@ DRIVER: list[tuple[str, str]] = [
     ),
     ("import contextlib\n", "import asyncio\nimport contextlib\n"),
     ("from redis.cluster import RedisCluster\n", "from redis.asyncio.cluster import RedisCluster\n"),
+    (
+        "from ._clients import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client\n",
+        "from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS\n",
+    ),
+    ("isinstance(client, CLUSTERS)", "isinstance(client, ASYNC_CLUSTERS)"),
     ("    from redis import Redis\n", "    from redis.asyncio import Redis\n"),
     ("SyncClient", "AsyncClient"),
     ("KeepAlive", "AsyncKeepAlive"),
@@ -34,8 +39,10 @@ DRIVER: list[tuple[str, str]] = [
     ("class Claim(ClaimBase[", "class AsyncClaim(ClaimBase["),
     ("over a sync redis-py client.", "over an asyncio redis-py client."),
     (
-        "client: A ``redis.Redis`` or ``redis.cluster.RedisCluster``",
-        "client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``",
+        "client: A ``redis.Redis`` or ``redis.cluster.RedisCluster`` (or valkey-py's\n"
+        "            ``valkey.Valkey`` / ``valkey.cluster.ValkeyCluster``)",
+        "client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` (or\n"
+        "            valkey-py's ``valkey.asyncio.Valkey`` / ``valkey.asyncio.cluster.ValkeyCluster``)",
     ),
     ('claim = Claim(redis.Redis(), "evt88"', 'claim = AsyncClaim(redis.asyncio.Redis(), "evt88"'),
     ("match claim.acquire():", "match await claim.acquire():"),
@@ -81,10 +88,8 @@ DRIVER: list[tuple[str, str]] = [
     (" client.script_load(script.source)\n", " await client.script_load(script.source)\n"),
     ("replies = pipe.execute(", "replies = await pipe.execute("),
     ("replies: list[object] = pipe.execute(", "replies: list[object] = await pipe.execute("),
-    ("    def _announce_free(", "    async def _announce_free("),
-    ("            self._announce_free()", "            await self._announce_free()"),
-    ("                client.spublish(self.claim_key", "                await client.spublish(self.claim_key"),
-    ("                client.publish(self.claim_key", "                await client.publish(self.claim_key"),
+    ("def _announcing(", "async def _announcing("),
+    ("return _announcing(client,", "return await _announcing(client,"),
     ("import threading\n", ""),
     ("from ._wakeup import wake_kind, wakeups\n", "from ._wakeup import async_wakeups, wake_kind\n"),
     ("subscriber = wakeups(self._client)", "subscriber = async_wakeups(self._client)"),
@@ -130,15 +135,17 @@ DRIVER: list[tuple[str, str]] = [
     ("self._call_and_wait(", "await self._call_and_wait("),
     (
         "    node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]\n"
-        "    if node is None or node.redis_connection is None:\n"
+        "    connection = node_client(node)\n"
+        "    if connection is None:\n"
         '        raise InvalidArgumentError(f"no primary known for {claim.claim_key!r}", key=claim.key)\n'
-        "    return node.redis_connection.pipeline(transaction=False)\n",
+        "    return connection.pipeline(transaction=False)\n",
         "    # The asyncio cluster client hands each command whichever connection is free,\n"
         "    # so a WAIT would not count the claim's write.\n"
         "    raise InvalidArgumentError(\n"
         '        "replicas= needs one connection for the write and its WAIT, which "\n'
-        '        "redis.asyncio.cluster.RedisCluster does not offer; "\n'
-        '        "use it with redis.asyncio.Redis or the sync RedisCluster",\n'
+        '        "an asyncio cluster client (redis.asyncio.cluster.RedisCluster, "\n'
+        '        "valkey.asyncio.cluster.ValkeyCluster) does not offer; "\n'
+        '        "use it with a standalone asyncio client or a sync cluster client",\n'
         "        key=claim.key,\n"
         "    )\n",
     ),
