@@ -44,7 +44,7 @@ from ._clients import (
     RESPONSE_ERRORS,
     make_node_client,
 )
-from ._core import DONE_PREFIX, NATIVE_COMMANDS, SCRIPTS, build_keys, check_namespace
+from ._core import BUILTIN_COMMANDS, DONE_PREFIX, NATIVE_COMMANDS, SCRIPTS, build_keys, check_namespace
 from ._envelope import Codec, ErrorEnvelope, ResultEnvelope, UnstorableEnvelope
 from ._errors import GoblinClaimError
 from ._outcomes import Claimed, Completed
@@ -191,6 +191,26 @@ def native_finding(per_node: dict[str, bool | None]) -> Finding:
     )
 
 
+def owner_check_finding(per_node: dict[str, frozenset[str]]) -> Finding | None:
+    """What the nodes' built-in owner checks (DELIFEQ, DELEX) mean; ``None`` where no node has one."""
+    if not per_node or not any(per_node.values()):
+        return None
+    names = sorted(set().union(*per_node.values()))
+    if all(per_node.values()):
+        return Finding(
+            "ok",
+            f"the server has its own owner checks ({' / '.join(names)}, SET ... IFEQ): release() and extend() "
+            "use them, with no module or scripting",
+        )
+    lacking = [node for node, found in per_node.items() if not found]
+    return Finding(
+        "note",
+        f"{', '.join(lacking)} lack(s) the owner checks ({' / '.join(names)}) the other nodes have: release() and "
+        "extend() run as scripts there",
+        "run one server version on every node",
+    )
+
+
 def eviction_finding(node: str, policy: str, maxmemory: int) -> Finding:
     """Whether ``maxmemory-policy`` can evict what goblin-claim stores."""
     if policy == "noeviction":
@@ -313,6 +333,18 @@ def _native_per_node(nodes: list[tuple[str, Any]]) -> dict[str, bool | None]:
             per_node[node] = None
             continue
         per_node[node] = isinstance(reply, list) and all(bool(entry) for entry in reply)
+    return per_node
+
+
+def _owner_checks_per_node(nodes: list[tuple[str, Any]]) -> dict[str, frozenset[str]]:
+    per_node: dict[str, frozenset[str]] = {}
+    for node, conn in nodes:
+        try:
+            reply = conn.execute_command("COMMAND INFO", *(name.lower() for name in BUILTIN_COMMANDS))
+        except RESPONSE_ERRORS:  # NOPERM: native_finding has said so already
+            continue
+        if isinstance(reply, list):
+            per_node[node] = frozenset(name for name, entry in zip(BUILTIN_COMMANDS, reply, strict=False) if entry)
     return per_node
 
 
@@ -688,6 +720,9 @@ def doctor(
     findings = _server_findings(nodes, cluster)
     native = native_finding(_native_per_node(nodes))
     findings.append(native)
+    owner_checks = owner_check_finding(_owner_checks_per_node(nodes))
+    if owner_checks is not None:
+        findings.append(owner_checks)
     findings += _script_findings(client, cluster)
     findings += _eviction_findings(nodes)
     findings += _durability_findings(nodes, durable)

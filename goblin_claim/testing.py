@@ -37,7 +37,14 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("goblin_claim.testing needs fakeredis with Lua: pip install 'goblin-claim[testing]'") from exc
 
-__all__ = ["fake_async_redis", "fake_redis"]
+try:  # valkey-py is optional: fake_valkey and fake_async_valkey need it
+    from fakeredis._clients._valkey import FakeAsyncValkeyConnection, FakeValkeyConnection
+except ImportError:  # pragma: no cover - depends on the environment
+    _VALKEY = False
+else:
+    _VALKEY = True
+
+__all__ = ["fake_async_redis", "fake_async_valkey", "fake_redis", "fake_valkey"]
 
 _CLAIMED = CLAIMED.encode()
 # Largest expiry Redis accepts for SET ... EX at the current time is bounded by
@@ -127,31 +134,61 @@ class _StockAsyncSocket(_TruthfulCommandInfo, AsyncFakeSocket):
     pass
 
 
-class _NativeConnection(FakeRedisConnection):
-    _socket_class: type[FakeSocket] = _NativeSocket
+class _SwapSocket:
+    """A fake connection whose socket is of ``_socket_class`` (the native or the stock commands)."""
+
+    _socket_class: type[FakeSocket]
 
     def _connect(self) -> Any:
-        sock = super()._connect()
+        sock = super()._connect()  # type: ignore[misc]
         # The parent built the socket with every argument it needs; only its class changes.
         sock.__class__ = self._socket_class
         return sock
 
 
-class _StockConnection(_NativeConnection):
-    _socket_class = _StockSocket
+class _AsyncSwapSocket:
+    """``_SwapSocket`` for an asyncio fake connection."""
 
-
-class _NativeAsyncConnection(FakeAsyncRedisConnection):
-    _socket_class: type[AsyncFakeSocket] = _NativeAsyncSocket
+    _socket_class: type[AsyncFakeSocket]
+    _sock: Any
 
     async def _connect(self) -> None:
-        await super()._connect()
+        await super()._connect()  # type: ignore[misc]
         assert self._sock is not None
         self._sock.__class__ = self._socket_class
 
 
-class _StockAsyncConnection(_NativeAsyncConnection):
+# fakeredis's connections mix its fake bases into the client library's, which mypy
+# finds at odds once a class has more than one base; those definitions are fakeredis's.
+class _NativeConnection(_SwapSocket, FakeRedisConnection):  # type: ignore[misc]
+    _socket_class = _NativeSocket
+
+
+class _StockConnection(_SwapSocket, FakeRedisConnection):  # type: ignore[misc]
+    _socket_class = _StockSocket
+
+
+class _NativeAsyncConnection(_AsyncSwapSocket, FakeAsyncRedisConnection):  # type: ignore[misc]
+    _socket_class = _NativeAsyncSocket
+
+
+class _StockAsyncConnection(_AsyncSwapSocket, FakeAsyncRedisConnection):  # type: ignore[misc]
     _socket_class = _StockAsyncSocket
+
+
+if _VALKEY:
+
+    class _NativeValkeyConnection(_SwapSocket, FakeValkeyConnection):  # type: ignore[misc]
+        _socket_class = _NativeSocket
+
+    class _StockValkeyConnection(_SwapSocket, FakeValkeyConnection):  # type: ignore[misc]
+        _socket_class = _StockSocket
+
+    class _NativeAsyncValkeyConnection(_AsyncSwapSocket, FakeAsyncValkeyConnection):  # type: ignore[misc]
+        _socket_class = _NativeAsyncSocket
+
+    class _StockAsyncValkeyConnection(_AsyncSwapSocket, FakeAsyncValkeyConnection):  # type: ignore[misc]
+        _socket_class = _StockAsyncSocket
 
 
 def fake_redis(native: bool, **kwargs: Any) -> fakeredis.FakeRedis:
@@ -181,3 +218,39 @@ def fake_async_redis(native: bool, **kwargs: Any) -> fakeredis.FakeAsyncRedis:
     else:
         kwargs.setdefault("connection_class", _StockAsyncConnection)
     return fakeredis.FakeAsyncRedis(**kwargs)
+
+
+def _valkey_fakes() -> Any:
+    if not _VALKEY:
+        raise ImportError("fake_valkey needs valkey-py: pip install 'goblin-claim[testing,valkey]'")
+    return fakeredis
+
+
+def fake_valkey(native: bool, **kwargs: Any) -> Any:
+    """``fake_redis`` for code that uses valkey-py: a ``fakeredis.FakeValkey`` (a ``valkey.Valkey``).
+
+    Args:
+        native: Whether the fake server has the native commands.
+        **kwargs: Passed to ``fakeredis.FakeValkey``.
+    """
+    fakes = _valkey_fakes()
+    if native:
+        kwargs["connection_class"] = _NativeValkeyConnection
+    else:
+        kwargs.setdefault("connection_class", _StockValkeyConnection)
+    return fakes.FakeValkey(**kwargs)
+
+
+def fake_async_valkey(native: bool, **kwargs: Any) -> Any:
+    """``fake_async_redis`` for code that uses valkey-py: a ``fakeredis.FakeAsyncValkey``.
+
+    Args:
+        native: Whether the fake server has the native commands.
+        **kwargs: Passed to ``fakeredis.FakeAsyncValkey``.
+    """
+    fakes = _valkey_fakes()
+    if native:
+        kwargs["connection_class"] = _NativeAsyncValkeyConnection
+    else:
+        kwargs.setdefault("connection_class", _StockAsyncValkeyConnection)
+    return fakes.FakeAsyncValkey(**kwargs)

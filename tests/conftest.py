@@ -116,62 +116,6 @@ def _valkey_binary() -> str:
     return binary
 
 
-@pytest.fixture(scope="session")
-def redis_standalone() -> Iterator[servers.RedisProcess]:
-    """A standalone redis-server for the whole session."""
-    with servers.standalone(_binary()) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def redis_replicated() -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
-    """A primary with one replica, for the whole session."""
-    with servers.primary_with_replica(_binary()) as pair:
-        yield pair
-
-
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[list[servers.RedisProcess]]:
-    """A three-primary cluster, for the whole session."""
-    with servers.cluster(_binary()) as nodes:
-        yield nodes
-
-
-@pytest.fixture(scope="session")
-def redis_sentinel() -> Iterator[servers.SentinelGroup]:
-    """A primary, two replicas and three sentinels, for the whole session (never failed over)."""
-    with servers.sentinel_group(_binary()) as group:
-        yield group
-
-
-@pytest.fixture(scope="session")
-def valkey_standalone() -> Iterator[servers.RedisProcess]:
-    """A standalone valkey-server for the whole session."""
-    with servers.standalone(_valkey_binary()) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def valkey_replicated() -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
-    """A Valkey primary with one replica, for the whole session."""
-    with servers.primary_with_replica(_valkey_binary()) as pair:
-        yield pair
-
-
-@pytest.fixture(scope="session")
-def valkey_cluster() -> Iterator[list[servers.RedisProcess]]:
-    """A three-primary Valkey cluster, for the whole session."""
-    with servers.cluster(_valkey_binary()) as nodes:
-        yield nodes
-
-
-@pytest.fixture(scope="session")
-def valkey_sentinel() -> Iterator[servers.SentinelGroup]:
-    """A Valkey primary, two replicas and three Valkey sentinels, for the whole session (never failed over)."""
-    with servers.sentinel_group(_valkey_binary()) as group:
-        yield group
-
-
 class _SentinelRedis(redis.Redis):
     """A ``master_for`` client whose ``close()`` also closes its Sentinel's own connections."""
 
@@ -283,32 +227,46 @@ def goblin_module() -> str:
     return str(path)
 
 
-@pytest.fixture(scope="session")
-def redis_native(goblin_module: str) -> Iterator[servers.RedisProcess]:
-    """A standalone redis-server with the reference module, for the whole session."""
-    with servers.standalone(_binary(), "--loadmodule", goblin_module) as server:
-        yield server
+# The session's servers, one fixture per server and tier: ``redis_standalone``,
+# ``redis_replicated`` (a primary with one replica), ``redis_cluster`` (three primaries),
+# ``redis_sentinel`` (a primary, two replicas, three sentinels; never failed over),
+# ``redis_native`` and ``redis_native_cluster`` (the reference module loaded), and the
+# same six as ``valkey_*`` on valkey-server.
+_TIERS: dict[str, tuple[Callable[[str, tuple[str, ...]], Any], bool]] = {
+    "standalone": (lambda binary, extra: servers.standalone(binary, *extra), False),
+    "replicated": (lambda binary, extra: servers.primary_with_replica(binary), False),
+    "cluster": (lambda binary, extra: servers.cluster(binary, extra=extra), False),
+    "sentinel": (lambda binary, extra: servers.sentinel_group(binary), False),
+    "native": (lambda binary, extra: servers.standalone(binary, *extra), True),
+    "native_cluster": (lambda binary, extra: servers.cluster(binary, extra=extra), True),
+}
 
 
-@pytest.fixture(scope="session")
-def redis_native_cluster(goblin_module: str) -> Iterator[list[servers.RedisProcess]]:
-    """A three-primary cluster with the reference module on every node, for the whole session."""
-    with servers.cluster(_binary(), extra=("--loadmodule", goblin_module)) as nodes:
-        yield nodes
+def _session_server(server: str, tier: str) -> Any:
+    start, module = _TIERS[tier]
+
+    def fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
+        binary = _valkey_binary() if server == "valkey" else _binary()
+        extra = ("--loadmodule", request.getfixturevalue("goblin_module")) if module else ()
+        with start(binary, extra) as made:
+            yield made
+
+    fixture.__doc__ = f"The session's {tier.replace('_', ' ')} {server}-server."
+    return pytest.fixture(scope="session", name=f"{server}_{tier}")(fixture)
 
 
-@pytest.fixture(scope="session")
-def valkey_native(goblin_module: str) -> Iterator[servers.RedisProcess]:
-    """A standalone valkey-server with the reference module, for the whole session."""
-    with servers.standalone(_valkey_binary(), "--loadmodule", goblin_module) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def valkey_native_cluster(goblin_module: str) -> Iterator[list[servers.RedisProcess]]:
-    """A three-primary Valkey cluster with the reference module on every node, for the whole session."""
-    with servers.cluster(_valkey_binary(), extra=("--loadmodule", goblin_module)) as nodes:
-        yield nodes
+redis_standalone = _session_server("redis", "standalone")
+redis_replicated = _session_server("redis", "replicated")
+redis_cluster = _session_server("redis", "cluster")
+redis_sentinel = _session_server("redis", "sentinel")
+redis_native = _session_server("redis", "native")
+redis_native_cluster = _session_server("redis", "native_cluster")
+valkey_standalone = _session_server("valkey", "standalone")
+valkey_replicated = _session_server("valkey", "replicated")
+valkey_cluster = _session_server("valkey", "cluster")
+valkey_sentinel = _session_server("valkey", "sentinel")
+valkey_native = _session_server("valkey", "native")
+valkey_native_cluster = _session_server("valkey", "native_cluster")
 
 
 # --------------------------------------------------------------------------- backends

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from goblin_claim import Claim, Claimed, idempotent
-from goblin_claim._cli import eviction_finding, main, native_finding
+from goblin_claim._cli import eviction_finding, main, native_finding, owner_check_finding
 from tests import servers
 from tests.conftest import unique
 
@@ -91,6 +91,9 @@ def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(each_se
     assert "no problems" in text
     with contextlib.closing(server.client()) as stock:
         assert stock.keys(f"{namespace}:*") == []
+        # Valkey 9 has DELIFEQ, Redis 7 no owner check of its own: doctor says which.
+        has_delifeq = bool(stock.execute_command("COMMAND INFO", "delifeq")[0])
+    assert ("the server has its own owner checks (DELIFEQ, SET ... IFEQ)" in text) is has_delifeq
 
 
 def test_doctor_on_the_module_server_finds_the_native_commands(each_server: Tier) -> None:
@@ -120,6 +123,19 @@ def test_doctor_on_a_stock_cluster(each_server: Tier) -> None:
     assert status == 0, text
     assert "a cluster of 3 primaries" in text
     assert "not loaded" in text
+
+
+def test_owner_checks_on_some_nodes_only_are_a_note_and_on_none_say_nothing() -> None:
+    """Built-in owner checks: ok on every node, a note naming the nodes without, nothing where none has them."""
+    every = owner_check_finding({"a:1": frozenset({"DELIFEQ"}), "b:2": frozenset({"DELIFEQ"})})
+    assert every is not None
+    assert every.level == "ok"
+    some = owner_check_finding({"a:1": frozenset({"DELIFEQ"}), "b:2": frozenset()})
+    assert some is not None
+    assert some.level == "note"
+    assert "b:2" in some.what
+    assert owner_check_finding({"a:1": frozenset(), "b:2": frozenset()}) is None
+    assert owner_check_finding({}) is None
 
 
 def test_a_cluster_with_the_module_on_some_nodes_is_a_problem() -> None:

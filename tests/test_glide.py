@@ -32,12 +32,13 @@ from goblin_claim import (
     idempotent,
 )
 from goblin_claim._clients import adapt
-from goblin_claim._core import CLAIM, COMPLETE, Backoff, WaitSchedule, client_kind
+from goblin_claim._core import CLAIM, COMPLETE, client_kind
 from goblin_claim._glide import AsyncGlideAdapter, GlideAdapter, adapter_for
 from goblin_claim._server import is_transient, is_unknown_command, state_of
 from tests import servers
 from tests.conftest import IN_CI, Runner, unique
 from tests.proxy import FaultProxy
+from tests.test_wakeup import SlowPollingAsyncClaim, SlowPollingClaim  # a poll every 5 s: only a wake-up is quicker
 
 try:
     import glide
@@ -46,8 +47,6 @@ except ImportError:  # pragma: no cover -- the dev group installs both
     if IN_CI:
         raise
     pytest.skip("valkey-glide and valkey-glide-sync are not installed", allow_module_level=True)
-
-SLOW = Backoff(first=5.0, cap=5.0, floor=5.0)  # a poll every five seconds: only a wake-up is quicker
 
 
 def sync_client(port: int, *, cluster: bool = False, timeout_ms: int | None = 2000, protocol: int = 3) -> Any:
@@ -82,24 +81,6 @@ def topology(request: pytest.FixtureRequest) -> tuple[int, bool]:
     if request.param == "standalone":
         return request.getfixturevalue("redis_standalone").port, False
     return request.getfixturevalue("redis_cluster")[0].port, True
-
-
-class SlowPollingClaim(Claim):
-    """A Claim whose wait() polls only every five seconds."""
-
-    __slots__ = ()
-
-    def _wait_schedule(self, timeout: float) -> WaitSchedule:
-        return WaitSchedule(timeout, self.key, SLOW)
-
-
-class SlowPollingAsyncClaim(AsyncClaim):
-    """An AsyncClaim whose wait() polls only every five seconds."""
-
-    __slots__ = ()
-
-    def _wait_schedule(self, timeout: float) -> WaitSchedule:
-        return WaitSchedule(timeout, self.key, SLOW)
 
 
 # --------------------------------------------------------------------------- the adapter

@@ -616,3 +616,42 @@ def test_django_takes_a_valkey_url(redis_standalone: RedisProcess) -> None:
 def kind(request: pytest.FixtureRequest) -> str:
     """The driver: Claim with valkey.Valkey, or AsyncClaim with valkey.asyncio.Valkey."""
     return str(request.param)
+
+
+# --------------------------------------------------------------------------- goblin_claim.testing
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["scripts", "native"])
+def test_the_valkey_fakes_take_both_paths(native: bool) -> None:
+    """``fake_valkey`` / ``fake_async_valkey`` are valkey-py clients, on the path asked for."""
+    from goblin_claim._core import NATIVE_COMMANDS
+    from goblin_claim.testing import fake_async_valkey, fake_valkey
+
+    client = fake_valkey(native)
+    assert isinstance(client, valkey.Valkey)
+    runs: list[str] = []
+
+    @idempotent(client, key=lambda order: order)
+    def charge(order: str) -> str:
+        runs.append(order)
+        return f"charged {order}"
+
+    key = unique("fake-valkey")
+    assert charge(key) == charge(key) == f"charged {key}"
+    assert runs == [key]
+    assert (state_of(client).native == frozenset(NATIVE_COMMANDS)) is native
+
+    async def main() -> None:
+        aclient = fake_async_valkey(native)
+        assert isinstance(aclient, valkey.asyncio.Valkey)
+        handle = AsyncClaim(aclient, key)
+        assert isinstance(await handle.acquire(), Claimed)
+        await handle.complete(b"done")
+        again = await AsyncClaim(aclient, key).acquire()
+        assert isinstance(again, Completed)
+        assert again.value == b"done"
+        assert (state_of(aclient).native == frozenset(NATIVE_COMMANDS)) is native
+        await aclient.aclose()
+
+    asyncio.run(main())
+    client.close()
