@@ -11,9 +11,12 @@ as throughput. Against it, on the same completed key:
   ``BlockingConnectionPool`` of 50);
 - an ``@idempotent`` duplicate, sync and asyncio (50 tasks);
 - raw redis-py ``execute_command("EVALSHA", ...)``, sync and asyncio;
+- ``@idempotent(keep_alive=False)`` beside it: what registering the renewal costs;
 - the SDK's own CPU per duplicate, with the transport stubbed: the driver's one
-  send (``_sync._send``) replaced by a function that answers the reply recorded
-  from the server, for ``Claim.acquire`` and ``@idempotent``.
+  send (``_sync._send``, ``_async._send``) replaced by a function that answers the
+  reply recorded from the server, for ``Claim.acquire`` and ``@idempotent``; once
+  in a hot loop, and once with each call timed alone right after a bare round
+  trip (its caches cold, as it runs in place).
 
 Then a breakdown of what stands between ``Claim.acquire`` and the floor: a
 ladder of steps timed in the same rounds (a held redis-py connection sending
@@ -24,8 +27,10 @@ alone, without I/O.
 Rounds interleave every contender of a group (rotating who goes first); the
 tables give each one's median µs per call and the median of its per-round ratios
 to the floor of the same round, beside the targets, met or not as measured.
-Machines here are noisy: read the ratios. Starts a redis-server on a free port
-(or uses REDIS_URL) and stops it afterwards.
+Machines here are noisy: read the ratios, and trust a run only when the floor's
+rounds agree (the script says when they spread: a loaded machine slows the
+floor's wake-ups more than anyone's CPU, which flatters every ratio). Starts a
+redis-server on a free port (or uses REDIS_URL) and stops it afterwards.
 
     python benchmarks/floor.py [--rounds 7] [--calls 3000]
 """
@@ -307,6 +312,9 @@ class Setup:
     order: dict[str, Any]
     deco: Callable[[dict[str, Any]], Any]
     deco_async: Callable[[dict[str, Any]], Awaitable[Any]]
+    # The same without keep_alive: what registering the renewal costs a duplicate.
+    deco_nk: Callable[[dict[str, Any]], Any]
+    deco_nk_async: Callable[[dict[str, Any]], Awaitable[Any]]
     async_key: str
     async_order: dict[str, Any]
     closers: list[Callable[[], object]] = field(default_factory=list)
@@ -340,14 +348,22 @@ def prepare(url: str) -> Setup:
     order = {"order_id": f"order-{run_id}", "amount": 5}
     deco = idempotent(client, key=lambda order: order["order_id"], namespace=f"{NAMESPACE}-deco")(charge)
     deco(order)
+    deco_nk = idempotent(
+        client, key=lambda order: order["order_id"], namespace=f"{NAMESPACE}-deco-nk", keep_alive=False
+    )(charge)
+    deco_nk(order)
     deco_async = idempotent(async_client, key=lambda order: order["order_id"], namespace=f"{NAMESPACE}-adeco")(
         charge_async
     )
+    deco_nk_async = idempotent(
+        async_client, key=lambda order: order["order_id"], namespace=f"{NAMESPACE}-adeco-nk", keep_alive=False
+    )(charge_async)
     async_order = {"order_id": f"aorder-{run_id}", "amount": 5}
     async_key = f"adone-{run_id}"
 
     async def async_prepare() -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
         await deco_async(async_order)
+        await deco_nk_async(async_order)
         claim = AsyncClaim(async_client, async_key, lease=LEASE, namespace=NAMESPACE)
         await claim.acquire()
         await claim.complete(RESULT)
@@ -373,6 +389,8 @@ def prepare(url: str) -> Setup:
         order,
         deco,
         deco_async,
+        deco_nk,
+        deco_nk_async,
         async_key,
         async_order,
     )
@@ -391,6 +409,9 @@ def sync_contenders(s: Setup) -> list[Contender]:
     one_handle = Claim(client, s.key, lease=LEASE, namespace=NAMESPACE)
     if not isinstance(one_handle.acquire(), Completed):
         raise SystemExit("the duplicate key is not completed")
+    stub = Stub()
+    claim_reply = stub.record(lambda: Claim(client, s.key, lease=LEASE, namespace=NAMESPACE).acquire())
+    deco_reply = stub.record(lambda: s.deco(s.order))
 
     def floor() -> object:
         return round_trip(s.sock, packed)
@@ -419,6 +440,7 @@ def sync_contenders(s: Setup) -> list[Contender]:
         Contender("floor (bare socket)", repeat(floor)),
         Contender("Claim.acquire", repeat(lambda: Claim(client, s.key, lease=LEASE, namespace=NAMESPACE).acquire())),
         Contender("@idempotent", repeat(lambda: s.deco(s.order))),
+        Contender("@idempotent(keep_alive=False)", repeat(lambda: s.deco_nk(s.order))),
         Contender("redis-py execute_command EVALSHA", repeat(lambda: client.execute_command(*command))),
         # The ladder from the floor to Claim.acquire.
         Contender("held connection, pre-packed", repeat(held_connection)),
@@ -426,7 +448,32 @@ def sync_contenders(s: Setup) -> list[Contender]:
         Contender("+ packing", repeat(with_packing)),
         Contender("send_direct (+ Retry)", repeat(lambda: send_direct(direct, command))),
         Contender("Claim.acquire, one handle", repeat(one_handle.acquire)),
+        # The stubbed SDK again, each call timed alone right after a bare round trip: its
+        # CPU as it runs in place (caches cold after the wait), which the hot loop flatters.
+        Contender(
+            "stubbed Claim.acquire, after a round trip",
+            behind(stub, claim_reply, floor, lambda: Claim(client, s.key, lease=LEASE, namespace=NAMESPACE).acquire()),
+        ),
+        Contender("stubbed @idempotent, after a round trip", behind(stub, deco_reply, floor, lambda: s.deco(s.order))),
     ]
+
+
+def behind(
+    stub: Stub, reply: object, wait: Callable[[], object], action: Callable[[], object]
+) -> Callable[[int], float]:
+    """``action`` with the send answering ``reply``, each call timed alone right after ``wait()``: µs per call."""
+
+    def run(n: int) -> float:
+        spent = 0.0
+        with stub.answering(reply):
+            for _ in range(n):
+                wait()
+                started = time.perf_counter()
+                action()
+                spent += time.perf_counter() - started
+        return spent / n * 1e6
+
+    return run
 
 
 def async_contenders(s: Setup) -> list[Contender]:
@@ -447,6 +494,9 @@ def async_contenders(s: Setup) -> list[Contender]:
 
     async def deco(i: int) -> None:
         await s.deco_async(s.async_order)
+
+    async def deco_nk(i: int) -> None:
+        await s.deco_nk_async(s.async_order)
 
     async def raw(i: int) -> None:
         await client.execute_command(*async_command)
@@ -494,6 +544,7 @@ def async_contenders(s: Setup) -> list[Contender]:
         Contender("floor (bare sockets)", tasks(loop, floor)),
         Contender("AsyncClaim.acquire", tasks(loop, sdk)),
         Contender("@idempotent", tasks(loop, deco)),
+        Contender("@idempotent(keep_alive=False)", tasks(loop, deco_nk)),
         Contender("redis-py execute_command EVALSHA", tasks(loop, raw)),
         Contender("held connection, pre-packed", tasks(loop, held_connection)),
         Contender("+ pool get/release", tasks(loop, with_pool)),
@@ -551,6 +602,10 @@ def cpu_contenders(s: Setup) -> list[Contender]:
             stub.timed(claim_reply, lambda: Claim(client, key, lease=LEASE, namespace=NAMESPACE).acquire()),
         ),
         Contender("@idempotent, transport stubbed", stub.timed(deco_reply, lambda: s.deco(s.order))),
+        Contender(
+            "@idempotent(keep_alive=False), transport stubbed",
+            stub.timed(stub.record(lambda: s.deco_nk(s.order)), lambda: s.deco_nk(s.order)),
+        ),
         Contender("acquire() on one handle, stubbed", stub.timed(claim_reply, one_handle.acquire)),
         Contender("_acquire() (no event wrapper), stubbed", stub.timed(claim_reply, lambda: one_handle._acquire(None))),
         Contender("Claim(...) construction", repeat(lambda: Claim(client, key, lease=LEASE, namespace=NAMESPACE))),
@@ -672,8 +727,20 @@ def report(groups: dict[str, list[Contender]]) -> list[str]:
     print("| path | contender | µs per call (median) | x floor (median of rounds) | target |")
     print("|---|---|---|---|---|")
     main_rows = {
-        "sync": ["floor (bare socket)", "Claim.acquire", "@idempotent", "redis-py execute_command EVALSHA"],
-        "asyncio": ["floor (bare sockets)", "AsyncClaim.acquire", "@idempotent", "redis-py execute_command EVALSHA"],
+        "sync": [
+            "floor (bare socket)",
+            "Claim.acquire",
+            "@idempotent",
+            "@idempotent(keep_alive=False)",
+            "redis-py execute_command EVALSHA",
+        ],
+        "asyncio": [
+            "floor (bare sockets)",
+            "AsyncClaim.acquire",
+            "@idempotent",
+            "@idempotent(keep_alive=False)",
+            "redis-py execute_command EVALSHA",
+        ],
     }
     for group, names in main_rows.items():
         table = by_name(groups[group])
@@ -688,6 +755,14 @@ def report(groups: dict[str, list[Contender]]) -> list[str]:
                 misses.append(f"{label} {name}: {ratio:.2f}x floor > {target:g}x")
             print(f"| {label} | {name} | {statistics.median(contender.us):.1f} | {ratio:.2f} | {mark} |")
 
+    for group, names in main_rows.items():
+        floor_us = by_name(groups[group])[names[0]].us
+        spread = max(floor_us) / min(floor_us)
+        print(
+            f"\n{group} floor per round: {', '.join(f'{x:.1f}' for x in floor_us)} µs"
+            + (f"  (max/min {spread:.2f}: a loaded machine, read these ratios with care)" if spread > 1.3 else "")
+        )
+
     cpu = by_name(groups["cpu"])
     claim, deco = cpu["Claim.acquire, transport stubbed"], cpu["@idempotent, transport stubbed"]
     own = statistics.median(ratios(deco, claim))
@@ -696,11 +771,23 @@ def report(groups: dict[str, list[Contender]]) -> list[str]:
     print("|---|---|")
     print(f"| Claim.acquire | {statistics.median(claim.us):.2f} |")
     print(f"| @idempotent | {statistics.median(deco.us):.2f} |")
+    deco_nk = cpu["@idempotent(keep_alive=False), transport stubbed"]
+    print(f"| @idempotent(keep_alive=False) | {statistics.median(deco_nk.us):.2f} |")
     print(f"\n@idempotent / Claim.acquire own CPU: {own:.2f}x (target {verdict(own, OWN_CPU_TARGET)})")
     if own > OWN_CPU_TARGET:
         misses.append(f"own CPU @idempotent / Claim.acquire: {own:.2f}x > {OWN_CPU_TARGET:g}x")
     aclaim, adeco = cpu["AsyncClaim.acquire, transport stubbed"], cpu["@idempotent (asyncio), transport stubbed"]
     aown = statistics.median(ratios(adeco, aclaim))
+    sync = by_name(groups["sync"])
+    cold_claim, cold_deco = (
+        sync["stubbed Claim.acquire, after a round trip"],
+        sync["stubbed @idempotent, after a round trip"],
+    )
+    print(
+        f"each call timed alone after a bare round trip (caches cold, as in place): Claim.acquire "
+        f"{statistics.median(cold_claim.us):.2f} µs, @idempotent {statistics.median(cold_deco.us):.2f} µs: "
+        f"{statistics.median(ratios(cold_deco, cold_claim)):.2f}x"
+    )
     print(
         f"asyncio (one task): AsyncClaim.acquire {statistics.median(aclaim.us):.2f} µs, "
         f"@idempotent {statistics.median(adeco.us):.2f} µs: {aown:.2f}x (the target is set for sync; shown beside it)"

@@ -3,17 +3,21 @@
 Two series, from one run on one redis-server of its own (on a free port):
 
 - **Records stored.** For 10^4, 10^5 and 10^6 completed ``@idempotent`` records
-  (the 2-field pydantic result of ``benchmarks/memory.py``, a day's ttl), on an
-  emptied server each time: bytes per record (``used_memory`` after ``MEMORY
-  PURGE``, as ``memory.py`` reads it), then the median and p99 latency of a
-  duplicate call (a stored key picked at random) and of a first call (a new key),
-  sync, interleaved in rounds. A store's cost at scale should not grow with its size.
+  (the 2-field pydantic result of ``benchmarks/memory.py``, a day's ttl), each
+  size in a database of its own, filled one after another on the emptied server:
+  bytes per record (``used_memory`` grown by the fill, after ``MEMORY PURGE``, as
+  ``memory.py`` reads it); then the median and p99 latency of a duplicate call (a
+  stored key picked at random) and of a first call (a new key, forgotten after
+  its round so each size stays exact), sync, with every size and both kinds
+  interleaved in rounds so that a busy moment of a shared machine falls on all of
+  them. A store's cost at scale should not grow with its size.
 - **Live keep-alives.** For 10^2, 10^3 and 10^4 claims held under ``keep_alive()``
   (3 s leases, renewed about every second) for ``--hold`` seconds, sync (the
   renewer's threads) and asyncio (the event loop): the process's CPU seconds per
   wall second, per claim and per renewal, the renewer threads' own share (sync),
-  the server's CPU per renewal, the least lease left on any claim at the end, and
-  how many were lost. CPU per claim should stay about constant.
+  the server's CPU per renewal (its idle CPU taken off), the least lease left on
+  any claim at the end, and how many were lost, beside an idle row (no claims
+  held, measured the same way). CPU per claim should stay about constant.
 
 Every table ends with each size's ratio to the smallest one, computed from the
 measurements. The records are filled fast: the calls the decorator makes for each
@@ -60,7 +64,7 @@ from goblin_claim._wakeup import wake_kind
 RECORDS = (10_000, 100_000, 1_000_000)
 CLAIMS = (100, 1_000, 10_000)
 BATCH = 1000  # keys per pipeline while filling (two commands each)
-ROUNDS = 5  # the latency calls go in this many alternating rounds of each kind
+ROUNDS = 10  # the latency calls go in this many rounds over every size and both kinds
 _CLAIMED = (b"CLAIMED", "CLAIMED")
 
 
@@ -154,88 +158,110 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def latencies(charge: Any, runs: list[int], stored: int, calls: int) -> tuple[list[float], list[float]]:
-    """Microseconds per duplicate call (a random stored key) and per first call (a new key).
+class Store:
+    """One size of the records series: its database, its decorated function, and what was measured on it."""
 
-    The two kinds alternate in ``ROUNDS`` rounds, each round starting with the
-    other kind, so drift on a shared machine falls on both. Every duplicate must
-    return its stored result without running the function; every first call runs it.
-    """
-    rng = random.Random(stored)
-    fresh = iter(range(stored, stored + 2 * calls + 400))
-    for _ in range(200):  # warm-up: connection, scripts, caches
-        charge(order_id(rng.randrange(stored)))
-        charge(order_id(next(fresh)))
-    duplicates: list[float] = []
-    firsts: list[float] = []
-    per_round = max(1, calls // ROUNDS)
-    clock = time.perf_counter_ns
+    def __init__(self, client: redis.Redis, size: int) -> None:
+        self.client, self.size = client, size
+        self.runs = [0]
+        self.charge = decorated(client, self.runs)
+        self.rng = random.Random(size)
+        self.fresh = size  # the next new order id: past every stored one
+        self.duplicates: list[float] = []
+        self.firsts: list[float] = []
 
-    def run_duplicates() -> None:
-        before = runs[0]
-        for _ in range(per_round):
-            key = order_id(rng.randrange(stored))
+    def measure_duplicates(self, count: int) -> None:
+        """``count`` duplicate calls on random stored keys; each must replay its result without running."""
+        before, clock = self.runs[0], time.perf_counter_ns
+        for _ in range(count):
+            key = order_id(self.rng.randrange(self.size))
             started = clock()
-            result = charge(key)
-            duplicates.append((clock() - started) / 1000)
+            result = self.charge(key)
+            self.duplicates.append((clock() - started) / 1000)
             if result.order_id != key:
                 raise SystemExit(f"a duplicate of {key} returned {result!r}")
-        if runs[0] != before:
-            raise SystemExit(f"duplicate calls ran the function {runs[0] - before} times")
+        if self.runs[0] != before:
+            raise SystemExit(f"duplicate calls ran the function {self.runs[0] - before} times")
 
-    def run_firsts() -> None:
-        before = runs[0]
-        for _ in range(per_round):
-            key = order_id(next(fresh))
+    def measure_firsts(self, count: int) -> None:
+        """``count`` first calls on new keys, each running the function; then forgotten, so ``size`` stays exact."""
+        before, clock = self.runs[0], time.perf_counter_ns
+        keys = [order_id(n) for n in range(self.fresh, self.fresh + count)]
+        self.fresh += count
+        for key in keys:
             started = clock()
-            charge(key)
-            firsts.append((clock() - started) / 1000)
-        if runs[0] != before + per_round:
-            raise SystemExit(f"{per_round} first calls ran the function {runs[0] - before} times")
+            self.charge(key)
+            self.firsts.append((clock() - started) / 1000)
+        if self.runs[0] != before + count:
+            raise SystemExit(f"{count} first calls ran the function {self.runs[0] - before} times")
+        for key in keys:
+            self.charge.forget(key)
 
-    for n in range(ROUNDS):
-        for step in (run_duplicates, run_firsts) if n % 2 == 0 else (run_firsts, run_duplicates):
-            step()
-    return duplicates, firsts
+
+def latencies(stores: Sequence[Store], calls: int) -> None:
+    """Duplicate and first-call latencies on every store, interleaved in time.
+
+    Each of ``ROUNDS`` rounds visits every size (the order rotating) and runs a
+    block of each kind there (which goes first alternating), so a busy moment
+    on a shared machine falls on every size and both kinds alike, not on one.
+    """
+    for store in stores:  # warm-up: connections, scripts, caches
+        store.measure_duplicates(200)
+        store.measure_firsts(200)
+        store.duplicates.clear()
+        store.firsts.clear()
+    per_round = max(1, calls // ROUNDS)
+    for n in range(ROUNDS if stores else 0):
+        for store in [*stores[n % len(stores) :], *stores[: n % len(stores)]]:
+            if n % 2 == 0:
+                store.measure_duplicates(per_round)
+                store.measure_firsts(per_round)
+            else:
+                store.measure_firsts(per_round)
+                store.measure_duplicates(per_round)
 
 
 def records_series(client: redis.Redis, sizes: Sequence[int], calls: int) -> list[dict[str, float]]:
-    """Bytes per record and call latencies at each size, each on an emptied server."""
-    runs = [0]
-    charge = decorated(client, runs)
+    """Bytes per record at each size, then call latencies on all sizes at once.
+
+    Each size fills a database of its own (``SELECT``), one after another on the
+    emptied server: a database's records are its own hash table, and ``used_memory``
+    grows by exactly what its fill stored. The latencies are then measured on all
+    of them, interleaved.
+    """
+    check = Store(client, 0)
     client.script_load(CLAIM.source)  # the fill sends EVALSHA, before any call has loaded them
     client.script_load(COMPLETE.source)
-    check_fill(client, charge, runs)
-    rows = []
-    for size in sizes:
-        client.execute_command("FLUSHALL", "SYNC")  # freed now, not by a lazy-free thread meanwhile
+    check_fill(client, check.charge, check.runs)
+    client.execute_command("FLUSHALL", "SYNC")  # freed now, not by a lazy-free thread meanwhile
+    where = client.connection_pool.connection_kwargs
+    stores, rows = [], []
+    for db, size in enumerate(sizes, 1):
+        store = Store(redis.Redis(host=where["host"], port=where["port"], db=db), size)
         gc.collect()
         before = used_memory(client)
         started = time.monotonic()
-        fill(client, charge, [order_id(n) for n in range(size)])
+        fill(store.client, store.charge, [order_id(n) for n in range(size)])
         filled = time.monotonic() - started
-        keys = int(client.dbsize())
         per_record = (used_memory(client) - before) / size
-        print(f"  filled {size:,} records ({keys:,} keys) in {filled:.1f} s", file=sys.stderr)
-        duplicates, firsts = latencies(charge, runs, size, calls)
-        rows.append(
-            {
-                "size": size,
-                "keys": keys / size,
-                "bytes": per_record,
-                "fill": filled,
-                "dup_median": statistics.median(duplicates),
-                "dup_p99": percentile(duplicates, 0.99),
-                "first_median": statistics.median(firsts),
-                "first_p99": percentile(firsts, 0.99),
-                "calls": len(duplicates),
-            }
-        )
+        keys = int(store.client.dbsize())
         print(
-            f"  measured at {size:,}: {per_record:.0f} B/record, duplicate {rows[-1]['dup_median']:.0f} µs, "
-            f"first {rows[-1]['first_median']:.0f} µs",
-            file=sys.stderr,
+            f"  filled {size:,} records ({keys:,} keys) in {filled:.1f} s: {per_record:.0f} B/record", file=sys.stderr
         )
+        stores.append(store)
+        rows.append({"size": size, "keys": keys / size, "bytes": per_record, "fill": filled})
+    latencies(stores, calls)
+    for store, row in zip(stores, rows, strict=True):
+        if store.client.dbsize() != round(row["keys"] * store.size):
+            raise SystemExit(f"{store.size:,} records: the first calls' records were not all forgotten")
+        row.update(
+            dup_median=statistics.median(store.duplicates),
+            dup_p99=percentile(store.duplicates, 0.99),
+            first_median=statistics.median(store.firsts),
+            first_p99=percentile(store.firsts, 0.99),
+            calls=len(store.duplicates),
+        )
+        store.client.close()
     return rows
 
 
@@ -275,6 +301,7 @@ def hold_sync(url: str, claims: int, hold: float) -> dict[str, float]:
         renewed = sum(k.renewals for k in keepers) - renewed
         lowest = least_pttl(probe, [h.claim_key for h in handles])
     lost = sum(k.lost for k in keepers)
+    probe.execute_command("FLUSHALL", "SYNC")  # no lease left to expire while the next size is measured
     client.close()
     probe.close()
     return _hold_row(claims, spent, cpu, threads, served, renewed, lowest, lost)
@@ -299,6 +326,7 @@ async def hold_async(url: str, claims: int, hold: float) -> dict[str, float]:
         renewed = sum(k.renewals for k in keepers) - renewed
         lowest = least_pttl(probe, [h.claim_key for h in handles])
     lost = sum(k.lost for k in keepers)
+    probe.execute_command("FLUSHALL", "SYNC")
     await client.aclose()
     probe.close()
     return _hold_row(claims, spent, cpu, None, served, renewed, lowest, lost)
@@ -311,9 +339,9 @@ def _hold_row(
         "size": claims,
         "rate": renewed / spent,
         "cpu": cpu / spent,
-        "per_claim": cpu / spent / claims * 1e6,
+        "per_claim": cpu / spent / claims * 1e6 if claims else float("nan"),
         "per_renewal": cpu / renewed * 1e6 if renewed else float("nan"),
-        "server_per_renewal": served / renewed * 1e6 if renewed else float("nan"),
+        "server": served / spent,
         "lowest": lowest,
         "lost": lost,
     }
@@ -369,20 +397,28 @@ def print_records(rows: list[dict[str, float]], name: str) -> None:
         )
 
 
-def print_claims(rows: list[dict[str, float]], flavour: str, hold: float) -> None:
+def print_claims(idle: dict[str, float], rows: list[dict[str, float]], flavour: str, hold: float) -> None:
+    """The keep-alive table: an idle row (no claims held), then each size with its growth per claim.
+
+    The server's CPU per renewal has the idle server's own (its timers) taken off.
+    """
     size0 = power(rows[0]["size"])
-    headers = ["live claims", "renewals/s", "process CPU s/s", "CPU µs per claim-second", f"/ {size0}"]
-    headers += ["CPU µs per renewal", f"/ {size0}"]
-    if "threads" in rows[0]:
+    headers = ["live claims", "renewals/s", "process CPU s/s", "CPU µs per claim-second", f"/ {size0}", "/ previous"]
+    headers.append("CPU µs per renewal")
+    threads = "threads" in idle
+    if threads:
         headers.append("renewer threads CPU s/s")
-    headers += ["server CPU µs per renewal", "least lease left ms", "lost"]
-    cells = []
+    headers += ["server CPU s/s", "server CPU µs per renewal", "least lease left ms", "lost"]
+    first = ["0 (idle)", "0", f"{idle['cpu']:.4f}", "-", "-", "-", "-"]
+    first += [f"{idle['threads']:.4f}"] if threads else []
+    cells = [[*first, f"{idle['server']:.4f}", "-", "-", f"{int(idle['lost'])}"]]
     for i, r in enumerate(rows):
+        previous = f"{r['per_claim'] / rows[i - 1]['per_claim']:.2f}x" if i else "-"
         row = [power(r["size"]), f"{r['rate']:,.0f}", f"{r['cpu']:.4f}", f"{r['per_claim']:.1f}"]
-        row += [ratio(rows, "per_claim", i), f"{r['per_renewal']:.1f}", ratio(rows, "per_renewal", i)]
-        if "threads" in r:
-            row.append(f"{r['threads']:.4f}")
-        row += [f"{r['server_per_renewal']:.1f}", f"{int(r['lowest'])}", f"{int(r['lost'])}"]
+        row += [ratio(rows, "per_claim", i), previous, f"{r['per_renewal']:.1f}"]
+        row += [f"{r['threads']:.4f}"] if threads else []
+        server = (r["server"] - idle["server"]) / r["rate"] * 1e6 if r["rate"] else float("nan")
+        row += [f"{r['server']:.4f}", f"{server:.1f}", f"{int(r['lowest'])}", f"{int(r['lost'])}"]
         cells.append(row)
     print_table(f"keep-alive cost, {flavour}, {LEASE} s leases, held {hold:.0f} s", headers, cells)
 
@@ -412,17 +448,17 @@ def main() -> None:
         if not args.no_async:
             held.append(("asyncio (event loop)", lambda n: asyncio.run(hold_async(url, n, args.hold))))
         kept = []
-        for flavour, hold in held:
+        for flavour, hold in held if claims else ():
+            idle = hold(0)  # the process and the server with no claim held: what every row has anyway
             rows = []
             for n in claims:
                 rows.append(hold(n))
                 print(f"  held {n:,} claims, {flavour}: {rows[-1]['cpu']:.4f} CPU s/s", file=sys.stderr)
-            kept.append((flavour, rows))
+            kept.append((flavour, idle, rows))
     if records:
         print_records(records, name)
-    for flavour, rows in kept:
-        if rows:
-            print_claims(rows, flavour, args.hold)
+    for flavour, idle, rows in kept:
+        print_claims(idle, rows, flavour, args.hold)
 
 
 if __name__ == "__main__":
