@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 import weakref
@@ -96,6 +97,16 @@ def _apply(pubsub: Any, sharded: bool, changes: dict[str, bool]) -> None:
         (pubsub.sunsubscribe if sharded else pubsub.unsubscribe)(*unsubscribe)
 
 
+def _read_each_node(pubsub: Any, ignore_subscribe_messages: bool, timeout: float) -> Any:
+    """One round over a valkey-py cluster pub/sub's nodes: the first message found, or ``None``."""
+    del timeout  # each node is asked without waiting; the caller waits between rounds
+    for node in list(pubsub.node_pubsub_mapping.values()):
+        message = node.get_message(ignore_subscribe_messages=ignore_subscribe_messages, timeout=0.0)
+        if message is not None:
+            return message
+    return None
+
+
 def _is_refusal(exc: BaseException) -> bool:
     if isinstance(exc, NO_PERMISSION):
         return True
@@ -164,10 +175,14 @@ class Wakeups:
     def _listen(self, pubsub: Any) -> None:
         read = pubsub.get_sharded_message if self._sharded else pubsub.get_message
         # valkey-py's cluster pub/sub (6.2) drops every message, not only the
-        # confirmations, when asked to ignore subscribe messages, and returns at once
-        # whatever the timeout: it is asked for all (only messages count below), and
-        # the wait is made here.
+        # confirmations, when asked to ignore subscribe messages, returns at once
+        # whatever the timeout, and its round of the nodes breaks when a node joins
+        # mid-round (a dict changed size while iterated): its nodes are read here, one
+        # round each time, all messages asked for (only messages count below), and the
+        # wait is made here.
         waits = not (self._sharded and type(pubsub).__module__.startswith("valkey"))
+        if not waits:
+            read = functools.partial(_read_each_node, pubsub)
         while True:
             with self._lock:
                 if not self._registry.watchers and not self._registry.changes:
