@@ -772,7 +772,9 @@ def check_storm(raw: Any, namespace: str, result: Storm) -> int:
     unanswered = [item for item, answers in result.answers.items() if not answers]
     assert not unanswered, f"{len(unanswered)} ids never answered (deadline), e.g. {unanswered[:5]}"
     twice = {item: len(found) for item, found in runs.items() if len(found) != 1}
-    assert not twice, f"{len(twice)} ids did not run exactly once: {dict(list(twice.items())[:10])}"
+    assert not twice, (
+        f"{len(twice)} ids did not run exactly once: {dict(list(twice.items())[:10])}; errors {dict(result.errors)}"
+    )
     for item, answers in result.answers.items():
         (run,) = runs[item]
         assert answers == {f"{item}/{run.decode()}"}, item
@@ -802,7 +804,11 @@ def test_client_kill_storm_runs_each_of_2000_ids_once(
     thread = threading.Thread(target=killer)
     thread.start()
     try:
-        result = storm(client, namespace, ids, callers=4)
+        # A kill every 5 ms makes every command a gamble: on a loaded machine an owner's
+        # renewals and stores can all miss for two seconds, and past its lease the SDK
+        # says so (ClaimLostError) and another caller may run the work. The lease here
+        # outlasts such a run of misses, so what is tested is lost replies, not lapses.
+        result = storm(client, namespace, ids, callers=4, lease=6)
     finally:
         stop.set()
         thread.join()
