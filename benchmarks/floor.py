@@ -337,7 +337,8 @@ def prepare(url: str) -> Setup:
     token = new_token()  # the length the SDK's own tokens have
     command = ("EVALSHA", CLAIM.sha, 2, done.claim_key, done.result_key, token, LEASE)
     packed = encode(*command)
-    expected = b"$%d\r\n%s\r\n" % (len(RESULT), RESULT)
+    stored = client.get(done.result_key)  # the record: the token that completed it, and the value
+    expected = b"$%d\r\n%s\r\n" % (len(stored), stored)
 
     parsed = urlparse(url)
     sock = socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379))

@@ -3,7 +3,8 @@
 Every kind writes ``--records`` records into an emptied redis-server (a day's
 ttl, as an idempotency store keeps them), and the table gives ``used_memory``
 grown per record, read after ``MEMORY PURGE`` before and after. Ids are of one
-length across kinds, so the key names cost the same; the values are those the
+length across kinds, and the floor's key is named as a record's, so the key names
+cost the same; the values are those the
 issue's table names: a 15-byte value for ``Claim`` and the floor, a 2-field
 result for the decorator and Powertools.
 
@@ -31,6 +32,7 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from goblin_claim import Claim, idempotent
+from goblin_claim._core import build_keys
 from tests import servers
 
 TTL = 86400
@@ -58,7 +60,7 @@ def used_memory(client: redis.Redis) -> int:
 def floor(client: redis.Redis, count: int) -> None:
     pipe = client.pipeline(transaction=False)
     for n, key in enumerate(ids("floor", count), 1):
-        pipe.set(f"goblin:{key}:result", VALUE, ex=TTL)
+        pipe.set(build_keys("goblin", key)[0], VALUE, ex=TTL)  # the name a Claim's record has
         if n % BATCH == 0:
             pipe.execute()
     pipe.execute()

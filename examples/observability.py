@@ -98,12 +98,16 @@ def main() -> None:
     print(f"took over: {type(Claim(client, crashed, namespace='shop.charge').wait(timeout=10)).__name__}")
 
     print("\n== a stored result is evicted while its claim says done")
-    evicted = Claim(client, f"ord-evicted-{run}", namespace="shop.charge")
+    # A handle's one key holds its claim and its result together: evicted, the work is
+    # simply free again. Exact keys (from_keys, shared with raw writers) keep two keys,
+    # and the result alone can go.
+    claim_key, result_key = f"shop.charge:{{ord-evicted-{run}}}:claim", f"shop.charge:{{ord-evicted-{run}}}:result"
+    evicted = Claim.from_keys(client, claim_key, result_key)
     evicted.acquire()
     evicted.complete(b"receipt")
-    client.delete(evicted.result_key)
+    client.delete(result_key)
     try:
-        Claim(client, evicted.key, namespace="shop.charge").acquire()
+        Claim.from_keys(client, claim_key, result_key).acquire()
     except ResultLostError as exc:
         print(f"the caller gets {type(exc).__name__}")
 

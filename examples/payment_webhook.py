@@ -41,8 +41,7 @@ def main() -> None:
     client = connect()
     namespace = "demo-webhook"
     for event in ("evt88", "evt89"):  # a fresh story, also on a reused server
-        keys = Claim(client, event, namespace=namespace)
-        client.delete(keys.claim_key, keys.result_key)
+        Claim(client, event, namespace=namespace).forget()
 
     step("worker-3 receives event evt88 and claims it")
     worker3 = Claim(client, "evt88", namespace=namespace, token="worker-3", lease=30)
@@ -60,7 +59,7 @@ def main() -> None:
     step("worker-3 charges the card and publishes the answer")
     answer = charge_card("evt88")
     worker3.complete(answer)
-    print(f"worker-3 stored {answer!r} under {worker3.result_key} (kept for the claim's ttl)")
+    print(f"   {worker3.claim_key} now holds {client.get(worker3.claim_key)!r} (kept for the ttl)")
 
     step("the duplicate delivery, seconds later, gets the same answer without charging")
     outcome = Claim(client, "evt88", namespace=namespace, token="worker-9").acquire()

@@ -239,7 +239,9 @@ def _charged(client: redis.Redis) -> dict[str, int]:
 
 
 def _completed(client: redis.Redis, event: str) -> bool:
-    return bool(client.exists(Claim(client, event, namespace=NAMESPACE).result_key))
+    # One key per event: its holder's token while in flight, "done <token> <receipt>" once stored.
+    held = client.get(Claim(client, event, namespace=NAMESPACE).claim_key)
+    return held is not None and held.startswith(b"done ")
 
 
 def serve(consumer: str) -> None:

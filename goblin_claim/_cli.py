@@ -3,7 +3,7 @@
 - ``goblin-claim doctor --url URL``: is this server ready for goblin-claim? Native
   commands, scripts, cluster, eviction policy, what the connected ACL user may run;
   each finding with what to do. Exits 1 when there is a problem.
-- ``goblin-claim inspect KEY [--namespace NS]``: what a key's claim and result hold.
+- ``goblin-claim inspect KEY [--namespace NS]``: what a key's record holds.
 - ``goblin-claim forget KEY [--namespace NS]``: reopen a key (``Claim.forget()``),
   saying what was deleted.
 - ``goblin-claim scan --namespace NS [--state STATE]``: every key of a namespace with
@@ -44,8 +44,16 @@ from ._clients import (
     RESPONSE_ERRORS,
     make_node_client,
 )
-from ._core import BUILTIN_COMMANDS, DONE_PREFIX, NATIVE_COMMANDS, SCRIPTS, build_keys, check_namespace
-from ._envelope import Codec, ErrorEnvelope, ResultEnvelope, UnstorableEnvelope
+from ._core import (
+    BUILTIN_COMMANDS,
+    DONE_PREFIX,
+    FENCE_SUFFIX,
+    NATIVE_COMMANDS,
+    SCRIPTS,
+    build_keys,
+    check_namespace,
+)
+from ._envelope import FINGERPRINT_CHARS, Codec, ErrorEnvelope, ResultEnvelope, UnstorableEnvelope
 from ._errors import GoblinClaimError
 from ._outcomes import Claimed, Completed
 from ._sync import Claim
@@ -214,12 +222,12 @@ def owner_check_finding(per_node: dict[str, frozenset[str]]) -> Finding | None:
 def eviction_finding(node: str, policy: str, maxmemory: int) -> Finding:
     """Whether ``maxmemory-policy`` can evict what goblin-claim stores."""
     if policy == "noeviction":
-        return Finding("ok", f"{node}: maxmemory-policy noeviction: results and claims are never evicted")
+        return Finding("ok", f"{node}: maxmemory-policy noeviction: claims and completed records are never evicted")
     # Every key goblin-claim writes has a TTL, so volatile-* policies pick them as readily as allkeys-*.
     risk = (
-        f"maxmemory-policy {policy} can evict results and claims (every key goblin-claim writes has a TTL, so "
-        "volatile-* policies evict them too): an evicted result turns its key into ResultLostError until an "
-        "operator runs `goblin-claim forget`, an evicted claim lets the work run again"
+        f"maxmemory-policy {policy} can evict claims and completed records (every key goblin-claim writes has a "
+        "TTL, so volatile-* policies evict them too): an evicted record reopens its key, so the next caller runs "
+        "the work again, beside a live owner or after it completed"
     )
     todo = "CONFIG SET maxmemory-policy noeviction (and set it in redis.conf), or a separate Redis for claims"
     if maxmemory == 0:
@@ -713,7 +721,7 @@ def doctor(
         client: A connected client (a cluster client on a cluster).
         cluster: Whether ``client`` is a cluster client.
         namespace: The namespace whose keys the ACL check writes under (one scratch claim, 10 s TTL).
-        write: Whether to run that check (it writes and deletes a scratch key pair).
+        write: Whether to run that check (it writes and deletes a scratch record).
         durable: Whether claims must survive a restart; ``False`` makes persistence off a note.
     """
     nodes = _primaries(client, cluster)
@@ -754,12 +762,13 @@ def _print_findings(findings: Sequence[Finding], out: TextIO) -> None:
 
 @dataclass
 class KeyReport:
-    """What a key's claim and result hold, in words, and whether that is a problem."""
+    """What a key's record holds, in words, and whether that is a problem."""
 
     state: str
     lines: list[str] = field(default_factory=list)
     problem: bool = False
-    exists: tuple[bool, bool] = (False, False)
+    exists: bool = False  # the record, as forget() would delete it
+    legacy: list[str] = field(default_factory=list)  # an older release's keys of the same key, still there
 
 
 def _ttl(ms: int) -> str:
@@ -778,8 +787,12 @@ def _shown(raw: bytes | None) -> str:
         return repr(raw)
 
 
-def _describe_value(raw: bytes) -> list[str]:
-    """A stored result, the decorator's JSON envelope decoded where it is one."""
+def _describe_value(raw: bytes, fingerprint: str | None = None) -> list[str]:
+    """A stored result, the decorator's JSON envelope decoded where it is one.
+
+    ``fingerprint`` is the call fingerprint the record's token carries (an older
+    envelope carries its own).
+    """
     try:
         envelope = Codec[Any](Any).decode(raw, "")
     except GoblinClaimError:
@@ -788,108 +801,124 @@ def _describe_value(raw: bytes) -> list[str]:
         except UnicodeDecodeError:
             return [f"  raw bytes: {raw[:200]!r}{' ...' if len(raw) > 200 else ''}"]
         return [f"  raw text: {text[:500]!r}{' ...' if len(text) > 500 else ''}"]
-    fingerprint = f", call fingerprint {envelope.fp}" if envelope.fp else ""
+    fp = envelope.fp or fingerprint
+    shown = f", call fingerprint {fp}" if fp else ""
     if isinstance(envelope, ResultEnvelope):
         value = json.dumps(envelope.value, indent=2, default=str)
-        return [f"  @idempotent result{fingerprint}:", *(f"    {line}" for line in value.splitlines())]
+        return [f"  @idempotent result{shown}:", *(f"    {line}" for line in value.splitlines())]
     if isinstance(envelope, ErrorEnvelope):
         error = envelope.error
-        return [f"  @idempotent stored error{fingerprint}: {error.type}: {error.message}"]
+        return [f"  @idempotent stored error{shown}: {error.type}: {error.message}"]
     assert isinstance(envelope, UnstorableEnvelope)
-    return [
-        f"  @idempotent unstorable result{fingerprint} (duplicates get ResultNotSerializableError): {envelope.reason}"
-    ]
+    return [f"  @idempotent unstorable result{shown} (duplicates get ResultNotSerializableError): {envelope.reason}"]
+
+
+def split_record(value: bytes) -> tuple[bytes, bytes] | None:
+    """``(token, value)`` of a completed record ``done <token> <value>``; ``None`` for anything else."""
+    if not value.startswith(_DONE):
+        return None
+    cut = value.find(b" ", len(_DONE))
+    if cut < 0:
+        return None
+    return value[len(_DONE) : cut], value[cut + 1 :]
+
+
+def _legacy_names(namespace: str, key: str) -> tuple[str, str]:
+    """The names an older release's two-key layout gave ``key``: its claim key and its result key."""
+    record = build_keys(namespace, key)[0]
+    return record + ":claim", record + ":result"
 
 
 def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
-    """What the claim and result of ``key`` hold, in words."""
-    claim_key, result_key = build_keys(namespace, key)
+    """What the record of ``key`` holds, in words (and whether an older release's keys are left)."""
+    record = build_keys(namespace, key)[0]
+    fence = record + FENCE_SUFFIX
+    legacy = _legacy_names(namespace, key)
     pipe = client.pipeline(transaction=False)
-    for name in (claim_key, result_key):
+    for name in (record, fence, *legacy):
         pipe.type(name)
         pipe.pttl(name)
     replies = pipe.execute()
-    claim_type, claim_ttl, result_type, result_ttl = (
-        _text(replies[0]),
-        int(replies[1]),
-        _text(replies[2]),
-        int(replies[3]),
-    )
-    holder = client.get(claim_key) if claim_type == "string" else None
-    result = client.get(result_key) if result_type == "string" else None
-    report = KeyReport("", exists=(claim_type != "none", result_type != "none"))
+    kind, pttl = _text(replies[0]), int(replies[1])
+    fence_type = _text(replies[2])
+    value = client.get(record) if kind == "string" else None
+    counter = client.get(fence) if fence_type == "string" else None
+    report = KeyReport("", exists=kind != "none")
     lines = report.lines
     lines.append(f"key {key!r} in namespace {namespace!r}")
-    if claim_type == "none":
-        lines.append(f"claim   {claim_key}: none")
-    elif claim_type != "string":
-        lines.append(
-            f"claim   {claim_key}: a {claim_type}, not written by goblin-claim; claims fall through to the result"
-        )
+    if kind == "none" or (kind == "string" and value is None):  # expired between the reads
+        lines.append(f"record  {record}: none")
+        report.state = "free: the next acquire() claims it"
+    elif kind != "string":
+        lines.append(f"record  {record}: a {kind}, not written by goblin-claim")
+        report.state = f"odd: a {kind} where the record belongs; acquire() raises WrongTypeError"
         report.problem = True
     else:
-        lines.append(f"claim   {claim_key}: {_shown(holder)}, {_ttl(claim_ttl)}")
-    if result_type == "none":
-        lines.append(f"result  {result_key}: none")
-    elif result_type != "string":
-        lines.append(f"result  {result_key}: a {result_type}: acquire() raises WrongTypeError")
-        report.problem = True
-    else:
-        assert isinstance(result, bytes)
-        lines.append(f"result  {result_key}: {len(result)} bytes, {_ttl(result_ttl)}")
-        lines += _describe_value(result)
-    text = _text(holder) if holder is not None else ""
-    done = text.startswith(DONE_PREFIX)
-    if claim_type == "none":
-        if result_type == "none":
-            report.state = "free: the next acquire() claims it"
-        else:
+        assert isinstance(value, bytes)
+        parts = split_record(value)
+        if parts is not None:
+            token, stored = parts
+            owner = _FINGERPRINT.sub(b"", token)
+            fingerprint = token[len(owner) + 1 :].decode() or None
+            lines.append(f"record  {record}: done by {_shown(owner)}, {len(stored)} bytes of value, {_ttl(pttl)}")
+            lines += _describe_value(stored, fingerprint)
+            kept = "for good" if pttl == -1 else f"{pttl / 1000:.0f} s more"
+            report.state = f"done by {_shown(owner)}, kept {kept}: duplicates get the result"
+        elif value.startswith(_DONE):
+            lines.append(f"record  {record}: {_shown(value)}, {_ttl(pttl)}")
             report.state = (
-                "free, with a result stored but no claim (the claim was evicted or deleted, or a raw writer): "
-                "the next acquire() claims it and the work runs again"
+                "odd: a done marker without a value, not written by this release's complete(): acquire() raises "
+                f"ResultLostError; `goblin-claim forget {key}` reopens the key"
             )
             report.problem = True
-    elif claim_type != "string":
-        report.state = "held by a non-string claim key: in flight to every caller"
-    elif done and result_type == "none":
-        report.state = (
-            f"done by {text.removeprefix(DONE_PREFIX)!r}, but the result is lost (evicted or deleted): acquire() "
-            f"raises ResultLostError; `goblin-claim forget {key}` reopens the key"
+        else:
+            lines.append(f"record  {record}: {_shown(value)}, {_ttl(pttl)}")
+            if pttl == -1:
+                report.state = f"held by {_shown(value)}, with no lease end: in flight until the record is deleted"
+            else:
+                report.state = f"held by {_shown(value)}, lease ends in {pttl / 1000:.1f} s: in flight"
+    if counter is not None:
+        lines.append(f"fence   {fence}: {_shown(counter)} (the fence of the latest claim)")
+    for index, name in enumerate(legacy):
+        legacy_type, legacy_pttl = _text(replies[4 + 2 * index]), int(replies[5 + 2 * index])
+        if legacy_type == "none":
+            continue
+        report.legacy.append(name)
+        lines.append(
+            f"legacy  {name}: a {legacy_type}, {_ttl(legacy_pttl)}: written by an older release (two keys per key); "
+            "this release neither reads nor deletes it, and callers of the two releases do not see each other's "
+            "claims: run one release everywhere, then let it expire (or DEL it)"
         )
         report.problem = True
-    elif done:
-        report.state = (
-            f"done by {text.removeprefix(DONE_PREFIX)!r}, kept {claim_ttl / 1000:.0f} s more: duplicates get the result"
-        )
-    elif result_type != "none":
-        report.state = f"held by {text!r}, with a result stored by a raw-protocol writer: duplicates get it"
-    else:
-        report.state = f"held by {text!r}, lease ends in {claim_ttl / 1000:.1f} s: in flight"
     return report
 
 
 # --------------------------------------------------------------------------- scan and stats
 
-State = Literal["in-flight", "done", "lost", "odd"]
-STATES: tuple[State, ...] = ("in-flight", "done", "lost", "odd")
-EXIT_LOST = 3
+State = Literal["in-flight", "done", "odd"]
+STATES: tuple[State, ...] = ("in-flight", "done", "odd")
 DEFAULT_BATCH = 500
 # Above this many keys (DBSIZE, summed over the primaries), stats samples unless --exact.
 EXACT_UP_TO = 1_000_000
 DEFAULT_SAMPLE = 100
-# A key whose claim reads differently before and after its result is read again,
+# A record whose head reads differently before and after its TTL is read again,
 # this many times in all; past that it is reported as changing.
 _READS = 3
+# How much of a record a walk reads: its marker and token, never a large value whole.
+_HEAD = 1024
 
-# The decorator and the HTTP middleware end their tokens with ".<32 hex digits>", the
-# call's fingerprint: a hash of the arguments, which a low-entropy argument lets
-# anyone guess back. Listings show the part before it: who holds the claim.
-_FINGERPRINT = re.compile(rb"\.[0-9a-f]{32}\Z")
+# The decorator and the HTTP middleware end their tokens with ".<hex digits>", the call's
+# fingerprint: a hash of the arguments, which a low-entropy argument lets anyone guess
+# back. Listings show the part before it: who holds the claim.
+_FINGERPRINT = re.compile(rb"\.[0-9a-f]{%d}(?:[0-9a-f]{%d})?\Z" % (FINGERPRINT_CHARS, FINGERPRINT_CHARS))
 _ESCAPED = re.compile(r"%(25|7B|7D)")
 _UNESCAPED = {"25": "%", "7B": "{", "7D": "}"}
 _GLOB = re.compile(r"([*?\[\]\\])")
 _DONE = DONE_PREFIX.encode()
-_SUFFIXES = (b"claim", b"result", b"fence")
+_FENCE = FENCE_SUFFIX.encode()
+# An older release laid each key out on two keys, <ns>:{<key>}:claim and <ns>:{<key>}:result.
+_LEGACY_SUFFIXES = (b":claim", b":result")
+_SUFFIXES = (b"", _FENCE, *_LEGACY_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -897,13 +926,14 @@ class Entry:
     """One key of a namespace as ``scan`` lists it.
 
     Attributes:
-        state: ``in-flight``, ``done``, ``lost`` or ``odd``.
+        state: ``in-flight``, ``done`` or ``odd``.
         key: The idempotency key, as ``inspect`` and ``forget`` take it; for a name that is not
-            laid out as goblin-claim lays out keys, the Redis key itself.
-        ttl_ms: What is left of the lease (in flight), of the retention (done), or until a lost
-            result's key reopens by itself (lost); ``-1`` for no TTL, ``None`` when none applies.
+            laid out as this release lays out keys (an older release's two keys among them),
+            the Redis key itself.
+        ttl_ms: What is left of the lease (in flight) or of the retention (done); ``-1`` for no
+            TTL, ``None`` when none applies.
         holder: The holder token's owner part (never the call fingerprint after it), or ``None``.
-        note: What is wrong, for odd keys and lost results.
+        note: What is wrong, for odd keys.
     """
 
     state: State
@@ -933,15 +963,19 @@ def scan_pattern(namespace: str) -> str:
 
 
 def parse_name(name: bytes, prefix: bytes) -> tuple[bytes, bytes] | None:
-    """(hash tag, suffix) of ``<ns>:{<tag>}:<suffix>`` under ``prefix`` (``<ns>:{``), else ``None``."""
+    """(hash tag, suffix) of a name under ``prefix`` (``<ns>:{``), else ``None``.
+
+    The suffix is ``b""`` for a record ``<ns>:{<tag>}``, ``b":fence"`` for its fence
+    counter, and ``b":claim"`` or ``b":result"`` for an older release's two keys.
+    """
     if not name.startswith(prefix):
         return None
     rest = name[len(prefix) :]
     end = rest.find(b"}")
     # build_keys escapes braces out of the tag, so the first closing brace ends it.
-    if end <= 0 or b"{" in rest[:end] or rest[end + 1 : end + 2] != b":" or rest[end + 2 :] not in _SUFFIXES:
+    if end <= 0 or b"{" in rest[:end] or rest[end + 1 :] not in _SUFFIXES:
         return None
-    return rest[:end], rest[end + 2 :]
+    return rest[:end], rest[end + 1 :]
 
 
 def key_of(tag: bytes) -> str:
@@ -958,67 +992,55 @@ def _left(pttl: int) -> int | None:
     return None if pttl == -2 else pttl
 
 
-def classify(
-    key: str, claim_type: str, claim_pttl: int, holder: bytes | None, result_type: str, result_pttl: int
-) -> Entry | None:
-    """The state of one key from its claim and result, read together; ``None`` when both are gone.
+_NO_TTL = "no TTL: goblin-claim always sets one (another writer?)"
+
+
+def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None:
+    """The state of one record from its type, TTL and head, read together; ``None`` when it is gone.
 
     Args:
         key: The idempotency key, as shown.
-        claim_type: TYPE of the claim key (``none``, ``string``, ``hash``...).
-        claim_pttl: PTTL of the claim key (-2 absent, -1 no TTL).
-        holder: What the claim key holds, when it is a string.
-        result_type: TYPE of the result key.
-        result_pttl: PTTL of the result key.
+        kind: TYPE of the record's key (``none``, ``string``, ``hash``...).
+        pttl: PTTL of the record's key (-2 absent, -1 no TTL).
+        head: The record's first bytes (up to 1024; enough for its marker and token), when it is a string.
     """
-    if claim_type == "none":
-        if result_type == "none":
-            return None  # expired or forgotten since SCAN named it
-        if result_type != "string":
+    if kind == "none":
+        return None  # expired or forgotten since SCAN named it
+    if kind != "string" or head is None:
+        return Entry(
+            "odd", key, _left(pttl), None, f"a {kind}, not written by goblin-claim: acquire() raises WrongTypeError"
+        )
+    if head.startswith(_DONE):
+        cut = head.find(b" ", len(_DONE))
+        if cut < 0 and len(head) < _HEAD:
             return Entry(
-                "odd", key, _left(result_pttl), None, f"the result key is a {result_type} and there is no claim"
+                "odd",
+                key,
+                _left(pttl),
+                owner_part(head[len(_DONE) :]),
+                "a done marker without a value, not written by this release's complete(): acquire() raises "
+                "ResultLostError until the TTL ends or `goblin-claim forget` reopens the key",
             )
-        return Entry(
-            "odd",
-            key,
-            _left(result_pttl),
-            None,
-            "a result with no claim (the claim was evicted or deleted, or a raw writer): the next acquire() runs "
-            "the work again",
-        )
-    if claim_type != "string" or holder is None:
-        return Entry(
-            "odd",
-            key,
-            _left(claim_pttl),
-            None,
-            f"the claim key is a {claim_type}, not written by goblin-claim: every caller sees the work in flight",
-        )
-    done = holder.startswith(_DONE)
-    owner = owner_part(holder[len(_DONE) :] if done else holder)
-    if result_type not in ("none", "string"):
-        return Entry(
-            "odd", key, _left(result_pttl), owner, f"the result key is a {result_type}: acquire() raises WrongTypeError"
-        )
-    if done and result_type == "none":
-        return Entry(
-            "lost",
-            key,
-            _left(claim_pttl),
-            owner,
-            "done, but the result is gone (evicted or deleted): acquire() raises ResultLostError until the TTL ends "
-            "or `goblin-claim forget` reopens the key",
-        )
-    no_ttl = "no TTL: goblin-claim always sets one (another writer?)"
-    if result_type == "string":
-        notes = []
-        if not done:
-            notes.append("the claim still holds its token: a result stored through the raw protocol")
-        if result_pttl == -1:
-            notes.append(no_ttl)
-        return Entry("done", key, _left(result_pttl), owner, "; ".join(notes))
+        token = head[len(_DONE) : cut] if cut >= 0 else head[len(_DONE) :]
+        return Entry("done", key, _left(pttl), owner_part(token), _NO_TTL if pttl == -1 else "")
     return Entry(
-        "in-flight", key, _left(claim_pttl), owner, no_ttl + ", so it never frees itself" if claim_pttl == -1 else ""
+        "in-flight", key, _left(pttl), owner_part(head), _NO_TTL + ", so it never frees itself" if pttl == -1 else ""
+    )
+
+
+def legacy_entry(name: bytes, tag: bytes, suffix: bytes, pttl: int) -> Entry | None:
+    """An older release's claim or result key, as ``scan`` lists it; ``None`` when it is gone."""
+    if pttl == -2:
+        return None
+    part = suffix.lstrip(b":").decode()
+    return Entry(
+        "odd",
+        printable(name),
+        pttl,
+        None,
+        f"the {part} key of {key_of(tag)!r} in an older release's two-key layout: this release does not read it, "
+        "and callers of the two releases do not see each other's claims; run one release everywhere, then let it "
+        "expire (or DEL it)",
     )
 
 
@@ -1037,50 +1059,47 @@ def _wrong_type(reply: object) -> bool:
     return isinstance(reply, RESPONSE_ERRORS) and str(reply).startswith("WRONGTYPE")
 
 
-def _read_pairs(
-    conn: Any, prefix: bytes, tags: Sequence[bytes]
-) -> list[tuple[str, int, bytes | None, str, int] | None]:
-    """TYPE/PTTL/GET of each tag's claim and TYPE/PTTL of its result: one round trip for the batch.
+def _read_records(conn: Any, prefix: bytes, tags: Sequence[bytes]) -> list[tuple[str, int, bytes | None] | None]:
+    """TYPE, PTTL and head (GETRANGE) of each tag's record: one round trip for the batch.
 
     Pipelined without MULTI (a node's keys span many slots, and a cluster refuses
-    cross-slot transactions), so the claim is read again after the result: a reading
-    is kept only when both reads of the claim agree, which rules out a complete(),
-    forget() or expiry landing between them (a done marker names its token, so the
-    same marker before and after means nothing moved). ``None`` for a pair that
-    changed on every read.
+    cross-slot transactions), so the head is read again after the TTL: a reading is
+    kept only when both heads agree, which rules out a complete(), forget(), expiry
+    or new claim landing between them (a record names its token, and a token is
+    unique to its owner). ``None`` for a record that changed on every read.
     """
-    readings: dict[bytes, tuple[str, int, bytes | None, str, int] | None] = dict.fromkeys(tags)
+    readings: dict[bytes, tuple[str, int, bytes | None] | None] = dict.fromkeys(tags)
     pending = list(tags)
     for _ in range(_READS):
         if not pending:
             break
         pipe = conn.pipeline(transaction=False)
         for tag in pending:
-            claim, result = prefix + tag + b"}:claim", prefix + tag + b"}:result"
-            pipe.type(claim)
-            pipe.pttl(claim)
-            pipe.get(claim)
-            pipe.type(result)
-            pipe.pttl(result)
-            pipe.get(claim)
+            name = prefix + tag + b"}"
+            pipe.type(name)
+            pipe.getrange(name, 0, _HEAD - 1)
+            pipe.pttl(name)
+            pipe.getrange(name, 0, _HEAD - 1)
         replies = pipe.execute(raise_on_error=False)
         changed = []
         for index, tag in enumerate(pending):
-            claim_type, claim_pttl, before, result_type, result_pttl, after = replies[6 * index : 6 * index + 6]
-            for reply in (claim_type, claim_pttl, result_type, result_pttl, before, after):
+            kind, before, pttl, after = replies[4 * index : 4 * index + 4]
+            for reply in (kind, pttl, before, after):
                 if isinstance(reply, Exception) and not _wrong_type(reply):
                     raise reply  # NOPERM, MOVED...: the walk cannot go on
-            claim_type, result_type = _text(claim_type), _text(result_type)
+            kind = _text(kind)
             if _wrong_type(before) and _wrong_type(after):
-                agree = claim_type not in ("none", "string")
+                agree = kind not in ("none", "string")
                 before = None
             else:
-                agree = before == after and (claim_type == "string") == isinstance(before, bytes)
-                agree = agree and (claim_type == "none") == (before is None)
-            if result_pttl == -2:
-                result_type = "none"  # expired between its TYPE and its PTTL
+                # GETRANGE answers "" for a missing key: the type and the TTL say which it is.
+                agree = before == after and isinstance(before, bytes)
+                if int(pttl) == -2:
+                    agree, kind, before = agree and before == b"", "none", None
+                else:
+                    agree = agree and kind == "string"
             if agree:
-                readings[tag] = (claim_type, int(claim_pttl), before, result_type, int(result_pttl))
+                readings[tag] = (kind, int(pttl), before)
             else:
                 changed.append(tag)
         pending = changed
@@ -1088,8 +1107,9 @@ def _read_pairs(
 
 
 def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry]:
-    """The entries of one SCAN batch: each key pair once, through its claim key."""
-    via_claim: dict[bytes, bool] = {}
+    """The entries of one SCAN batch: each record once, and each name this release does not write."""
+    tags: dict[bytes, None] = {}
+    legacy: list[tuple[bytes, bytes, bytes]] = []
     for name in names:
         if not name.startswith(prefix):
             continue  # sampling scans without MATCH
@@ -1098,17 +1118,25 @@ def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry
             yield Entry("odd", printable(name), note="a key under the namespace that goblin-claim does not write")
             continue
         tag, suffix = parsed
-        if suffix == b"fence":
-            continue  # the fence counter outlives its claim by design; the pair speaks for it
-        via_claim[tag] = via_claim.get(tag, False) or suffix == b"claim"
-    tags = list(via_claim)
-    for tag, reading in zip(tags, _read_pairs(conn, prefix, tags), strict=True):
+        if suffix == _FENCE:
+            continue  # the fence counter outlives a released claim by design; the record speaks for it
+        if suffix:
+            legacy.append((name, tag, suffix))
+        else:
+            tags[tag] = None
+    if legacy:  # only while an older release's keys are left: one more round trip
+        pipe = conn.pipeline(transaction=False)
+        for name, _tag, _suffix in legacy:
+            pipe.pttl(name)
+        for (name, tag, suffix), pttl in zip(legacy, pipe.execute(), strict=True):
+            entry = legacy_entry(name, tag, suffix, int(pttl))
+            if entry is not None:
+                yield entry
+    for tag, reading in zip(tags, _read_records(conn, prefix, list(tags)), strict=True):
         key = key_of(tag)
         if reading is None:
-            yield Entry("odd", key, note="its claim changed on every read (busy): look again with inspect")
+            yield Entry("odd", key, note="it changed on every read (busy): look again with inspect")
             continue
-        if not via_claim[tag] and reading[0] != "none":
-            continue  # SCAN names the claim key too, and the pair is reported there
         entry = classify(key, *reading)
         if entry is not None:
             yield entry
@@ -1125,7 +1153,8 @@ def walk(
     """Every key of ``namespace`` on every primary, with its state; read-only.
 
     Each primary is walked with SCAN, ``batch`` names at a time (``COUNT``), never KEYS,
-    and each batch's claims and results are read in one pipelined round trip. SCAN may
+    and each batch's records are read in one pipelined round trip (one more for an older
+    release's keys, while any are left). SCAN may
     name a key twice when the server rehashes meanwhile, and keys written during the
     walk may or may not be seen: its guarantees, not a snapshot's.
 
@@ -1140,7 +1169,7 @@ def walk(
         tallies: A list that receives one ``NodeTally`` per primary, kept up to date as the walk goes.
 
     Yields:
-        One entry per key pair (and per stray name under the namespace).
+        One entry per record (and per name under the namespace this release does not write).
     """
     prefix = f"{namespace}:{{".encode()
     match = None if sample is not None else scan_pattern(namespace)
@@ -1217,7 +1246,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive,
         default=DEFAULT_BATCH,
         metavar="N",
-        help=f"SCAN's COUNT: names per round trip; each batch's claims and results are read in one more "
+        help=f"SCAN's COUNT: names per round trip; each batch's records are read in one more "
         f"(default: {DEFAULT_BATCH})",
     )
     parser = argparse.ArgumentParser(
@@ -1230,8 +1259,8 @@ def _parser() -> argparse.ArgumentParser:
         "  goblin-claim forget evt88\n"
         "  goblin-claim scan --namespace shop.payments.charge --state in-flight\n"
         "  goblin-claim stats --namespace shop.payments.charge\n"
-        "exit status: 0 when all is well, 1 on a problem (doctor's findings, a lost result seen by inspect, no "
-        f"server), 2 on bad usage, {EXIT_LOST} when scan or stats found lost results.",
+        "exit status: 0 when all is well, 1 on a problem (doctor's findings, a key inspect finds odd, no "
+        "server), 2 on bad usage.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -1267,29 +1296,29 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "inspect",
         parents=[keyed, url],
-        help="show a key's claim and result",
-        description="Show what a key's claim and result hold: free, held by a token (with the lease left), done "
-        "(with the retention left), or done but the result lost; and the stored result, the @idempotent JSON "
-        "envelope decoded. Exits 1 on a lost result or keys goblin-claim did not write.",
+        help="show what a key's record holds",
+        description="Show what a key's record holds: free, held by a token (with the lease left), or done (by "
+        "which token, with the retention left), and the stored result, the @idempotent JSON envelope decoded; "
+        "also the fence counter, and keys an older release's two-key layout left for the key. Exits 1 on a "
+        "record goblin-claim did not write or an older release's keys.",
     )
     commands.add_parser(
         "forget",
         parents=[keyed, url],
-        help="reopen a key: delete its claim and result",
-        description="Delete a key's claim and result, whoever holds them, in one atomic step (Claim.forget()): the "
-        "next caller runs the work again. Says what was deleted. An owner still working on it completes the key "
-        "only if nobody claimed it since.",
+        help="reopen a key: delete its record",
+        description="Delete a key's record, whoever holds it (Claim.forget()): the next caller runs the work "
+        "again. Says what was deleted. An owner still working on it completes the key only if nobody claimed it "
+        "since.",
     )
     lister = commands.add_parser(
         "scan",
         parents=[walked, url],
         help="list a namespace's keys with their state, holder and TTL",
-        description="List every key of a namespace: in-flight (the holder and the lease left), done (the retention "
-        "left), lost (done, but the result is gone: acquire() raises ResultLostError) and odd (keys of another "
-        "type, a result without a claim, names goblin-claim does not write). Walks every primary of a cluster "
-        "with SCAN MATCH in batches of --count, never KEYS; read-only. The holder is the token's owner part: the "
-        "call fingerprint @idempotent appends to it is never shown, nor are results (inspect KEY shows them). "
-        f"Exits {EXIT_LOST} when it found lost results, whatever --state lists.",
+        description="List every key of a namespace: in-flight (the holder and the lease left), done (the holder "
+        "and the retention left) and odd (keys of another type, names goblin-claim does not write, an older "
+        "release's two-key layout, which this release does not read). Walks every primary of a cluster with SCAN "
+        "MATCH in batches of --count, never KEYS; read-only. The holder is the token's owner part: the call "
+        "fingerprint @idempotent appends to it is never shown, nor are results (inspect KEY shows them).",
     )
     lister.add_argument(
         "--state",
@@ -1303,11 +1332,11 @@ def _parser() -> argparse.ArgumentParser:
         "stats",
         parents=[walked, url],
         help="count a namespace's keys by state (an estimate on large keyspaces)",
-        description="Count a namespace's keys by state: in-flight, done, lost, odd. Walks every primary with SCAN "
+        description="Count a namespace's keys by state: in-flight, done, odd. Walks every primary with SCAN "
         f"MATCH, unless the keyspace holds more than --exact-up-to keys (DBSIZE over the primaries; default "
         f"{EXACT_UP_TO:,}) or --sample is given: then it reads --sample SCAN batches of --count names per "
         f"primary (default {DEFAULT_SAMPLE}) and scales what it found by DBSIZE, and says the counts are an "
-        f"estimate. Read-only. Exits {EXIT_LOST} when it found lost results (in the sample, when sampling).",
+        "estimate. Read-only.",
     )
     how = counter.add_mutually_exclusive_group()
     how.add_argument(
@@ -1402,14 +1431,15 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
     except GoblinClaimError as exc:
         print(f"goblin-claim forget: {exc}", file=out)
         return EXIT_PROBLEM
-    claim_key, result_key = build_keys(args.namespace, args.key)
+    record = build_keys(args.namespace, args.key)[0]
     if not deleted:
-        print(f"nothing to forget: neither {claim_key} nor {result_key} exists", file=out)
-        return EXIT_OK
-    gone = [name for name, existed in zip((claim_key, result_key), report.exists, strict=True) if existed]
-    print(f"forgot {args.key!r}: deleted {' and '.join(gone) or 'its keys'}", file=out)
-    print(f"  it was: {report.state}", file=out)
-    print("  the next acquire() claims it and runs the work again", file=out)
+        print(f"nothing to forget: {record} does not exist", file=out)
+    else:
+        print(f"forgot {args.key!r}: deleted {record}", file=out)
+        print(f"  it was: {report.state}", file=out)
+        print("  the next acquire() claims it and runs the work again", file=out)
+    for name in report.legacy:
+        print(f"  left {name}: an older release's key, which this release neither reads nor deletes", file=out)
     return EXIT_OK
 
 
@@ -1447,9 +1477,7 @@ def _scan(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) 
         else:
             shown = "" if wanted == set(STATES) else f", {listed} listed (--state {' '.join(sorted(wanted))})"
             print(f"{seen} key{'s' if seen != 1 else ''}: {summary}{shown}", file=out)
-        if counts["lost"]:
-            print(f"lost results found: `goblin-claim forget KEY --namespace {args.namespace}` reopens one", file=out)
-    return EXIT_LOST if counts["lost"] else EXIT_OK
+    return EXIT_OK
 
 
 def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
@@ -1480,15 +1508,15 @@ def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO)
             f"{share} on {nodes}, scaled by DBSIZE; --exact walks everything",
             file=out,
         )
-    lost = sum(tally.counts["lost"] for tally in tallies)
-    if lost:
+    odd = sum(tally.counts["odd"] for tally in tallies)
+    if odd:
         found = "found" if exact else "found in the sample"
         print(
-            f"lost results {found}: {lost}; list them with `goblin-claim scan --namespace {args.namespace} --state "
-            "lost`, reopen one with `goblin-claim forget KEY`",
+            f"odd keys {found}: {odd}; list them, with what each is, with `goblin-claim scan --namespace "
+            f"{args.namespace} --state odd`",
             file=out,
         )
-    return EXIT_LOST if lost else EXIT_OK
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m goblin_claim._cli

@@ -88,6 +88,9 @@ NAMESPACES_SEEN_MAX: Final = 4096
 DONE_PREFIX: Final = "done "
 _DONE_PREFIXES: Final = (DONE_PREFIX.encode(), DONE_PREFIX)  # as bytes and as str
 
+# What the fence counter's key adds to the record's (fencing=True).
+FENCE_SUFFIX: Final = ":fence"
+
 # complete.lua's replies.
 _STORED: Final = 1
 _COMPLETED_OTHERWISE: Final = 2
@@ -449,7 +452,9 @@ def check_client(client: object, wants_async: bool | None, user: str) -> None:
 
 def _new_token_prefix() -> None:
     global _token_prefix, _token_counter
-    _token_prefix = secrets.token_hex(12) + "-"
+    # 96 random bits in 16 URL-safe characters: a completed record with a short value
+    # then stays within Redis's 44-byte embedded string (one allocation, not two).
+    _token_prefix = secrets.token_urlsafe(12) + "-"
     _token_counter = itertools.count(1)
 
 
@@ -481,14 +486,15 @@ def _escape_tag(key: str) -> str:
 
 
 def build_keys(namespace: str, key: str) -> tuple[str, str]:
-    """The claim and result keys of ``key``: ``<ns>:{<key>}:claim`` and ``<ns>:{<key>}:result``.
+    """The claim and result keys of ``key``: one key, ``<ns>:{<key>}``, returned as both.
 
-    Both share the hash tag ``{<key>}`` (braces and ``%`` in ``key`` are
-    percent-escaped), so they always sit in one cluster slot. The fence counter
-    (``fencing=True``) is ``<ns>:{<key>}:fence``, in the same slot.
+    One key holds the whole record: the owner's token while the work runs, then
+    ``done <token> <value>`` for the ttl (claim.lua, complete.lua). The hash tag
+    ``{<key>}`` (braces and ``%`` in ``key`` percent-escaped) keeps the fence
+    counter (``fencing=True``), ``<ns>:{<key>}:fence``, in the same cluster slot.
     """
-    prefix = f"{namespace}:{{{_escape_tag(key)}}}:"
-    return prefix + "claim", prefix + "result"
+    record = f"{namespace}:{{{_escape_tag(key)}}}"
+    return record, record
 
 
 def check_replicas(replicas: object, timeout_ms: object) -> tuple[int, int]:
@@ -581,7 +587,7 @@ class ClaimBase(Generic[ClientT]):
         if fencing is False:
             self._fence_key: str | None = None
         elif fencing is True:
-            self._fence_key = self.claim_key.removesuffix("claim") + "fence"
+            self._fence_key = self.claim_key + FENCE_SUFFIX
         else:
             raise InvalidArgumentTypeError(f"fencing must be True or False, not {describe(fencing)}", key=key)
         # The default, no WAIT; exact types first, so False or 0.0 are refused below like any bad value.
@@ -653,7 +659,9 @@ class ClaimBase(Generic[ClientT]):
 
     @property
     def _both_keys(self) -> str:
-        """Both keys, as errors about a command on both name them."""
+        """Both keys (the one key of the record), as errors about a command on both name them."""
+        if self.claim_key == self.result_key:
+            return self.claim_key
         return f"{self.claim_key} / {self.result_key}"
 
     def _claim_call(self) -> tuple[Script, tuple[str | int, ...]]:
@@ -744,10 +752,49 @@ class ClaimBase(Generic[ClientT]):
         self._mine_until = 0.0
         if reply is None:
             return InFlight(key=self.key), None
+        holder = None
+        if self.claim_key is self.result_key or self.claim_key == self.result_key:
+            holder, reply = self._read_record(reply)
+            if holder is None:  # a token, not a record: in flight (the driver peeks first)
+                return InFlight(key=self.key), reply
         if acknowledged is not None and acknowledged < self._replicas:
             # Read back from the primary alone: a failover now could lose it.
             raise self._not_replicated("read", acknowledged)
-        return _completed_outcome({"key": self.key, "value": reply}), None
+        return _completed_outcome({"key": self.key, "value": reply}), holder
+
+    def _read_record(self, reply: object) -> tuple[object, object]:
+        """``(holder, value)`` of a one-key record ``done <token> <value>``; ``(None, reply)`` for a token."""
+        if type(reply) is bytes:
+            if not reply.startswith(_DONE_PREFIXES[0]):
+                return None, reply
+            cut = reply.find(b" ", len(DONE_PREFIX))
+        elif type(reply) is str:
+            if not reply.startswith(DONE_PREFIX):
+                return None, reply
+            cut = reply.find(" ", len(DONE_PREFIX))
+        else:
+            return None, reply
+        if cut < 0:
+            raise ResultLostError(
+                f"{self.key!r} ({self.claim_key!r}) holds a done marker without a value: not written by this "
+                "release's complete(); forget() reopens the work",
+                key=self.key,
+            )
+        return reply[len(DONE_PREFIX) : cut], reply[cut + 1 :]
+
+    def _needs_peek(self, reply: object) -> bool:
+        """Whether a claim reply needs one read (peek.lua) to be told apart.
+
+        GOBLIN.CLAIM answers nil in flight on two keys, and on the one-key record
+        the holder's token itself; claim.lua answers neither.
+        """
+        if reply is None:
+            return True
+        if type(reply) is bytes:
+            return self.claim_key == self.result_key and not reply.startswith(_DONE_PREFIXES[0]) and reply != b"CLAIMED"
+        if type(reply) is str:
+            return self.claim_key == self.result_key and not reply.startswith(DONE_PREFIX) and reply != CLAIMED
+        return False
 
     def _owns(self, resent: bool, now: float, fence: object) -> bool:
         """Whether a claim holding this handle's token is this handle's own.

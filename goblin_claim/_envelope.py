@@ -2,13 +2,16 @@
 
 A stored outcome looks like::
 
-    {"goblin":1,"kind":"result","fp":"5e0c...","value":{"txn":"txn_551"}}
-    {"goblin":1,"kind":"error","fp":"5e0c...","error":{"type":"shop.CardDeclined","message":"...","fields":{}}}
-    {"goblin":1,"kind":"unstorable","fp":"5e0c...","reason":"..."}
+    {"goblin":1,"value":{"txn":"txn_551"}}
+    {"goblin":1,"kind":"error","error":{"type":"shop.CardDeclined","message":"...","fields":{}}}
+    {"goblin":1,"kind":"unstorable","reason":"..."}
 
-``goblin`` is the format version, so a later format can be told apart; ``fp`` is
-the fingerprint of the first call's arguments, so a duplicate with different
-arguments is caught after completion without another round trip. A function
+``goblin`` is the format version, so a later format can be told apart; an
+envelope naming no ``kind`` is a result (``"kind":"result"`` is read too). The
+decorator's record (``done <token> <envelope>``, one key) carries the fingerprint
+of the first call's arguments in its token, so a duplicate with different
+arguments is caught after completion without another round trip; an envelope may
+also carry it itself, as ``"fp"`` (the encoders write it when given one). A function
 returning ``None`` stores ``"value":null``, which is not the nil of in-flight work.
 Values go through pydantic, typed by the function's return annotation, and only a
 value that would replay as it ran is stored: read back from its own JSON, it must
@@ -36,12 +39,14 @@ from typing import Annotated, Any, Final, Generic, Literal, TypeVar, Union
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     JsonValue,
     PydanticUserError,
     Secret,
     SecretBytes,
     SecretStr,
+    Tag,
     TypeAdapter,
     ValidationError,
 )
@@ -57,6 +62,7 @@ from ._errors import (
 )
 
 __all__ = [
+    "FINGERPRINT_CHARS",
     "Codec",
     "ErrorEnvelope",
     "FingerprintParameters",
@@ -118,7 +124,7 @@ class ResultEnvelope(BaseModel, Generic[T]):
     model_config = ConfigDict(frozen=True, extra="forbid", **_BASE64_BYTES)
 
     goblin: Literal[1]
-    kind: Literal["result"]
+    kind: Literal["result"] = "result"  # left out as stored: an envelope without a kind is a result
     fp: Union[str, None] = None  # noqa: UP007 -- evaluated by pydantic at run time on 3.10
     value: T
 
@@ -164,8 +170,12 @@ class Codec(Generic[T]):
             except PydanticUserError:  # models, dataclasses, TypedDicts bring their own config
                 self._value = TypeAdapter(return_type)
             envelope = Annotated[
-                Union[ResultEnvelope[return_type], ErrorEnvelope, UnstorableEnvelope],  # noqa: UP007
-                Field(discriminator="kind"),
+                Union[  # noqa: UP007
+                    Annotated[ResultEnvelope[return_type], Tag("result")],
+                    Annotated[ErrorEnvelope, Tag("error")],
+                    Annotated[UnstorableEnvelope, Tag("unstorable")],
+                ],
+                Discriminator(_kind_of),
             ]
             self._envelope: TypeAdapter[ResultEnvelope[T] | ErrorEnvelope | UnstorableEnvelope] = TypeAdapter(envelope)
         except PydanticUserError as exc:  # schema errors too: a type pydantic cannot store
@@ -207,17 +217,20 @@ class Codec(Generic[T]):
                 f"the result for {key!r} is {len(body)} bytes as JSON, more than Redis stores in one value",
                 key=key,
             )
-        return b"".join((_RESULT_HEAD, _json_fp(fp), b',"value":', body, b"}"))
+        if fp is None:
+            return b"".join((_RESULT_HEAD, b'"value":', body, b"}"))
+        return b"".join((_RESULT_HEAD, b'"fp":', _json_fp(fp), b',"value":', body, b"}"))
 
     def encode_error(self, exc: BaseException, fp: str | None) -> bytes:
         """The envelope of a terminal error."""
         envelope = ErrorEnvelope(goblin=VERSION, kind="error", fp=fp, error=StoredError.of(exc))
-        return envelope.model_dump_json().encode()
+        return envelope.model_dump_json(exclude=_NO_FP if fp is None else None).encode()
 
     def encode_unstorable(self, error: ResultNotSerializableError, fp: str | None) -> bytes:
         """The envelope saying the first call's result could not be stored (why, without the value)."""
         reason = str(error).encode("utf-8", "replace").decode("utf-8")[:500]
-        return UnstorableEnvelope(goblin=VERSION, kind="unstorable", fp=fp, reason=reason).model_dump_json().encode()
+        envelope = UnstorableEnvelope(goblin=VERSION, kind="unstorable", fp=fp, reason=reason)
+        return envelope.model_dump_json(exclude=_NO_FP if fp is None else None).encode()
 
     def decode(self, raw: bytes | str, key: str) -> ResultEnvelope[T] | ErrorEnvelope | UnstorableEnvelope:
         """Read a stored envelope.
@@ -236,7 +249,22 @@ class Codec(Generic[T]):
             ) from exc
 
 
-_RESULT_HEAD: Final = f'{{"goblin":{VERSION},"kind":"result","fp":'.encode()
+# A fingerprint's hex digits: 64 bits, against keys reused by mistake (not an adversary).
+FINGERPRINT_CHARS: Final = 16
+
+_RESULT_HEAD: Final = f'{{"goblin":{VERSION},'.encode()  # no kind: a result is what has none
+
+
+def _kind_of(envelope: Any) -> str:
+    """The kind of a stored envelope, as its discriminator: "result" when it names none."""
+    if isinstance(envelope, dict):
+        kind = envelope.get("kind", "result")
+        return kind if isinstance(kind, str) else ""
+    return getattr(envelope, "kind", "")
+
+
+# Without a fingerprint (the decorator's record carries it in its token) the field is left out.
+_NO_FP: Final = {"fp"}
 
 
 def _json_fp(fp: str | None) -> bytes:
@@ -678,7 +706,7 @@ def fingerprint_of(arguments: collections.abc.Mapping[str, Any], counted: Finger
             "arguments that returns a str, a tuple of the parameters that count, or None",
             key=key,
         ) from exc
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
 
 
 def _is_default(value: Any, default: Any) -> bool:

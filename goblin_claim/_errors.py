@@ -7,7 +7,7 @@ claim's ``key`` (``None`` only when the key itself was the bad argument)::
     ├── InvalidArgumentError      (also a ValueError)  bad lease, ttl, key, token, value
     ├── InvalidArgumentTypeError  (also a TypeError)   an argument of the wrong type
     ├── ClaimLostError            this token no longer holds the claim
-    ├── ResultLostError           the claim says done, but the result is gone (evicted, deleted)
+    ├── ResultLostError           done, but the value is gone (two keys: evicted, deleted)
     ├── StillInFlightError        wait() reached its deadline, the work is still running
     ├── PayloadMismatchError      same key, different arguments (the decorator)
     ├── ReplayedError             a duplicate of a call that failed with a stored error
@@ -86,8 +86,11 @@ class ClaimLostError(GoblinClaimError):
 class ResultLostError(GoblinClaimError):
     """The claim says the work was completed, but its result is gone.
 
-    Redis evicted ``result_key`` (a ``maxmemory-policy`` other than
-    ``noeviction``) or someone deleted it. The work is not run again on its own:
+    On two keys (``Claim.from_keys``): Redis evicted ``result_key`` (a
+    ``maxmemory-policy`` other than ``noeviction``) or someone deleted it, and the
+    done marker stayed. On the one-key record it only arises from a done marker
+    with no value after it, which this release never writes (an evicted record is
+    gone whole, and the work is free again). The work is not run again on its own:
     that is for an operator to decide, with ``forget()`` (or after ``ttl``).
     """
 

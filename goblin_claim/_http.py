@@ -178,7 +178,7 @@ ABANDONED: Final = (
     "effect is unknown; it is not run again: check the outcome, or use a new key to run it again"
 )
 RESULT_LOST: Final = (
-    "the first request with this idempotency key completed, but its stored response is gone (evicted); "
+    "the first request with this idempotency key completed, but its stored response is missing; "
     "an operator can reopen the key"
 )
 NO_OWNER: Final = (
@@ -702,7 +702,11 @@ def claim_token(fp: str) -> str:
 
 
 def holder_fp(holder: object) -> str | None:
-    """The fingerprint in a holder's token (``<token>.<fp>``, or ``done <token>.<fp>``), if any."""
+    """The fingerprint in a holder's token, if any.
+
+    ``<token>.<fp>`` while in flight and as a completed record's token; ``done
+    <token>.<fp>`` in a two-key claim key (``Claim.from_keys``).
+    """
     if holder is None:
         return None
     text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)

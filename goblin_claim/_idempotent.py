@@ -41,6 +41,7 @@ from ._core import (
     new_token,
 )
 from ._envelope import (
+    FINGERPRINT_CHARS,
     Codec,
     ErrorEnvelope,
     FingerprintParameters,
@@ -380,7 +381,7 @@ class _Spec:
                     f"fingerprint returned a str not encodable as UTF-8 (a lone surrogate?): {describe(custom)}",
                     key=key,
                 )
-            fp = hashlib.sha256(custom.encode()).hexdigest()[:32]
+            fp = hashlib.sha256(custom.encode()).hexdigest()[:FINGERPRINT_CHARS]
         # The fingerprint rides in the token, which the claim key stores: an
         # in-flight duplicate can compare it with one GET.
         return _Call(key, fp, f"{new_token()}.{fp}" if fp else None)
@@ -414,7 +415,8 @@ class _Spec:
     def settle(self, stored: bytes | str, call: _Call) -> Any:
         """What a duplicate gets for a stored envelope: the value, or a raised error."""
         envelope = self.codec.decode(stored, call.key)
-        if call.fp is not None and envelope.fp is not None and envelope.fp != call.fp:
+        # The previous format kept 32 hex digits in "fp"; a fingerprint now is their first 16.
+        if call.fp is not None and envelope.fp is not None and not envelope.fp.startswith(call.fp):
             raise self.mismatch(call)
         if isinstance(envelope, ErrorEnvelope):
             raise replayed(envelope.error, call.key)

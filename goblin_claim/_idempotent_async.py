@@ -60,10 +60,11 @@ async def _flow(
     spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, claim: AsyncClaim, op: _events.Op | None
 ) -> Any:
     """The call's I/O; each step's outcome is told to ``op`` when the call is observed."""
-    keeper = claim.keep_alive() if spec.keep_alive else None
+    # Made once the claim is this call's: a duplicate (the hot path) never starts one.
+    keeper: AsyncKeepAlive | None = None
     try:
         try:
-            outcome = await claim._acquire(None if keeper is None else keeper._early)
+            outcome = await claim._acquire(None)
             if op is not None:
                 op.note(outcome)
             if isinstance(outcome, InFlight):
@@ -79,12 +80,12 @@ async def _flow(
             await _release_quietly(claim)
             raise
         if isinstance(outcome, Completed):
+            spec.check_holder(claim._holder, call)  # the record's token carries the first call's fingerprint
             return spec.settle(outcome.value, call)
-        if keeper is not None:
+        if spec.keep_alive:
             try:
-                # A lost renewal counts from here (with asyncio or replicas, this is
-                # also where renewing begins).
-                keeper._begin()
+                keeper = claim.keep_alive()
+                keeper._begin()  # renewing begins, and a lost renewal counts, from here
             except BaseException:
                 # The function has not run: nothing to store, and the claim goes back.
                 await _release_quietly(claim)
@@ -111,10 +112,10 @@ async def _flow(
 async def _finish(spec: _Spec, claim: AsyncClaim, call: _Call, result: Any, keeper: AsyncKeepAlive | None) -> Any:
     """Store what the function returned (or, unstorable, fail closed) and return it."""
     try:
-        payload = spec.codec.encode_result(result, call.fp, call.key)
+        payload = spec.codec.encode_result(result, None, call.key)  # the fingerprint rides in the token
     except ResultNotSerializableError as exc:
         # The function ran: fail closed. Duplicates are told, nothing runs again.
-        await store(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result, keeper)
+        await store(spec, claim, call, spec.codec.encode_unstorable(exc, None), result, keeper)
         exc.result = result
         raise
     await store(spec, claim, call, payload, result, keeper)
@@ -124,7 +125,7 @@ async def _finish(spec: _Spec, claim: AsyncClaim, call: _Call, result: Any, keep
 async def _keep_error(spec: _Spec, claim: AsyncClaim, call: _Call, exc: BaseException) -> bool:
     """Store a replayable error as the key's outcome; whether it was stored (not if the claim was lost)."""
     try:
-        await claim.complete(spec.codec.encode_error(exc, call.fp))
+        await claim.complete(spec.codec.encode_error(exc, None))
     except ClaimLostError:
         return False
     return True

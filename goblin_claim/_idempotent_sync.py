@@ -58,10 +58,11 @@ def _flow(
     spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, claim: Claim, op: _events.Op | None
 ) -> Any:
     """The call's I/O; each step's outcome is told to ``op`` when the call is observed."""
-    keeper = claim.keep_alive() if spec.keep_alive else None
+    # Made once the claim is this call's: a duplicate (the hot path) never starts one.
+    keeper: KeepAlive | None = None
     try:
         try:
-            outcome = claim._acquire(None if keeper is None else keeper._early)
+            outcome = claim._acquire(None)
             if op is not None:
                 op.note(outcome)
             if isinstance(outcome, InFlight):
@@ -77,12 +78,12 @@ def _flow(
             _release_quietly(claim)
             raise
         if isinstance(outcome, Completed):
+            spec.check_holder(claim._holder, call)  # the record's token carries the first call's fingerprint
             return spec.settle(outcome.value, call)
-        if keeper is not None:
+        if spec.keep_alive:
             try:
-                # A lost renewal counts from here (with asyncio or replicas, this is
-                # also where renewing begins).
-                keeper._begin()
+                keeper = claim.keep_alive()
+                keeper._begin()  # renewing begins, and a lost renewal counts, from here
             except BaseException:
                 # The function has not run: nothing to store, and the claim goes back.
                 _release_quietly(claim)
@@ -109,10 +110,10 @@ def _flow(
 def _finish(spec: _Spec, claim: Claim, call: _Call, result: Any, keeper: KeepAlive | None) -> Any:
     """Store what the function returned (or, unstorable, fail closed) and return it."""
     try:
-        payload = spec.codec.encode_result(result, call.fp, call.key)
+        payload = spec.codec.encode_result(result, None, call.key)  # the fingerprint rides in the token
     except ResultNotSerializableError as exc:
         # The function ran: fail closed. Duplicates are told, nothing runs again.
-        store(spec, claim, call, spec.codec.encode_unstorable(exc, call.fp), result, keeper)
+        store(spec, claim, call, spec.codec.encode_unstorable(exc, None), result, keeper)
         exc.result = result
         raise
     store(spec, claim, call, payload, result, keeper)
@@ -122,7 +123,7 @@ def _finish(spec: _Spec, claim: Claim, call: _Call, result: Any, keeper: KeepAli
 def _keep_error(spec: _Spec, claim: Claim, call: _Call, exc: BaseException) -> bool:
     """Store a replayable error as the key's outcome; whether it was stored (not if the claim was lost)."""
     try:
-        claim.complete(spec.codec.encode_error(exc, call.fp))
+        claim.complete(spec.codec.encode_error(exc, None))
     except ClaimLostError:
         return False
     return True

@@ -176,9 +176,6 @@ class KeepAlive(_Renewal):
         super().__init__(claim, interval)
         self._claim = claim
         self._number = -1
-        # False while the claim may not be held yet (``_early``): a renewal that
-        # finds another holder then means nothing.
-        self._armed = True
         # The heap time the scheduler acts on for this keep-alive; heap entries
         # with another time are stale and skipped.
         self._next = math.inf
@@ -196,18 +193,10 @@ class KeepAlive(_Renewal):
     ) -> None:
         self._end()
 
-    def _begin(self, armed: bool = True) -> None:
+    def _begin(self) -> None:
         """Start renewing (once), counting a renewal that finds another holder as lost."""
-        self._armed = armed
         if self._number < 0:
             _renewer().add(self)
-
-    def _early(self) -> None:
-        """Start renewing while the claim is on the wire, unarmed until ``_begin``.
-
-        What @idempotent runs there: registering then costs the caller no time of its own.
-        """
-        self._begin(armed=False)
 
     def _end(self) -> None:
         """Stop renewing; harmless when never begun or already ended (a lost claim is)."""
@@ -319,9 +308,11 @@ class _Renewer:
 
     def add(self, keeper: KeepAlive) -> None:
         now = time.monotonic()
+        # The lease counts from before the claim was sent, where the handle knows when that was.
+        deadline, held = now + keeper._claim.lease, keeper._claim._mine_until
         with self._wake:
             keeper._number = number = next(self._numbers)
-            keeper._deadline = now + keeper._claim.lease
+            keeper._deadline = held if 0 < held < deadline else deadline
             self._live[number] = keeper
             self._push(keeper, now + keeper.interval)
             if self._thread is None:
@@ -454,10 +445,7 @@ class _Renewer:
             if _events.enabled:
                 _events.renewal(keeper._claim, "claimed", now - sent_at, keeper._context, None)
         elif outcome is False:
-            if keeper._armed:
-                self._lose(keeper)
-            else:
-                self._push(keeper, now + keeper.interval)  # not this handle's claim yet
+            self._lose(keeper)
         else:
             keeper._error = outcome
             left = keeper._deadline - keeper._margin - now
@@ -650,11 +638,6 @@ class AsyncKeepAlive(_Renewal):
             # gather() reports the renewal's own cancellation as a value, while a
             # cancellation of the task running this block still propagates.
             await asyncio.gather(task, return_exceptions=True)
-
-    # Nothing while the claim is on the wire: the event loop runs other tasks then,
-    # so registering early would hide nothing; it begins once the claim is held,
-    # and so never needs to be unarmed.
-    _early = None
 
     def _begin(self) -> None:
         """Start renewing, once; runs in the event loop's thread."""

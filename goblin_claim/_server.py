@@ -28,14 +28,22 @@ import codecs
 import contextlib
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
 
-from ._clients import ASYNC_CLIENTS, CONNECTION_ERRORS, ERRORS, MAX_CONNECTIONS, SYNC_CLIENTS, TRANSIENT_ERRORS
+from ._clients import (
+    ASYNC_CLIENTS,
+    CONNECTION_ERRORS,
+    ERRORS,
+    MAX_CONNECTIONS,
+    RESPONSE_ERRORS,
+    SYNC_CLIENTS,
+    TRANSIENT_ERRORS,
+)
 from ._core import PROBED_COMMANDS, SET_IFEQ, with_owner_checks
 from ._errors import ConnectionFailedError, ServerError, ServerUnavailableError, WrongTypeError
 
@@ -64,6 +72,8 @@ __all__ = [
     "run_meanwhile",
     "send_direct",
     "send_direct_async",
+    "send_direct_many",
+    "send_direct_many_async",
     "state_of",
     "to_the_end",
     "to_the_end_async",
@@ -358,6 +368,73 @@ async def send_direct_async(
     finally:
         # No maintenance-notice reconnect here: redis-py's asyncio client makes one
         # only for single-connection clients, which never come this way.
+        await pool.release(conn)
+
+
+def send_direct_many(pool: Any, commands: Sequence[tuple[object, ...]]) -> list[object]:
+    """Many commands in one round trip over one connection of ``pool``; error replies come back as values.
+
+    What a pipeline without a transaction does, less its per-command bookkeeping:
+    the whole round is retried by the connection's ``Retry``, as redis-py's
+    pipeline retries it, disconnecting before each new try.
+    """
+    valkey_py = isinstance(pool, _VALKEY_POOLS)
+    conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
+    try:
+
+        def attempt() -> list[object]:
+            packed: list[bytes] = []
+            for command in commands:
+                packed += pack(command, conn.encoder)
+            conn.send_packed_command([b"".join(packed)])  # one write, not one per buffer
+            replies: list[object] = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except RESPONSE_ERRORS as exc:  # read whole: the connection stays in step
+                    replies.append(exc)
+            return replies
+
+        def fail(error: Exception) -> None:
+            conn.disconnect()
+            if valkey_py and not _listed(conn, error):
+                raise error
+
+        replies: list[object] = conn.retry.call_with_retry(attempt, fail)
+        return replies
+    finally:
+        if not valkey_py and _NOTICES and conn.should_reconnect():
+            conn.disconnect()
+        pool.release(conn)
+
+
+async def send_direct_many_async(pool: Any, commands: Sequence[tuple[object, ...]]) -> list[object]:
+    """``send_direct_many`` for an asyncio client's pool."""
+    valkey_py = isinstance(pool, _VALKEY_POOLS)
+    conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
+    try:
+
+        async def attempt() -> list[object]:
+            packed: list[bytes] = []
+            for command in commands:
+                packed += pack(command, conn.encoder)
+            await conn.send_packed_command([b"".join(packed)])
+            replies: list[object] = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except RESPONSE_ERRORS as exc:
+                    replies.append(exc)
+            return replies
+
+        async def fail(error: Exception) -> None:
+            await conn.disconnect()
+            if valkey_py and not _listed(conn, error):
+                raise error
+
+        replies: list[object] = await conn.retry.call_with_retry(attempt, fail)
+        return replies
+    finally:
         await pool.release(conn)
 
 

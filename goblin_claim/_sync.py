@@ -47,6 +47,7 @@ from ._server import (
     reply_encoding,
     run_meanwhile,
     send_direct,
+    send_direct_many,
     state_of,
     to_the_end,
     translate,
@@ -193,9 +194,10 @@ class Claim(ClaimBase["SyncClient"]):
                 resent, waited = _round(client, sources, wait)
                 for i, reply in zip(again, resent, strict=True):
                     replies[i], acknowledged[i] = reply, waited
-            nils = [i for i, reply in enumerate(replies) if reply is None]
+            nils = [i for i, reply in enumerate(replies) if handles[i]._needs_peek(reply)]
             if nils:
-                # GOBLIN.CLAIM's nil: one read of each holder and result tells the outcomes apart.
+                # GOBLIN.CLAIM's nil (a holder's token, on one key): one read of each holder and
+                # result tells the outcomes apart.
                 peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
                 for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
                     replies[i] = holder
@@ -266,9 +268,10 @@ class Claim(ClaimBase["SyncClient"]):
             # been taken with its reply lost, and nobody would hold it for the whole lease.
             self._give_back()
             raise
-        if reply is None:
-            # GOBLIN.CLAIM answers nil both in flight and to a re-send of our own
-            # claim (or a lost result); one read of holder and result, together, tells them apart.
+        if self._needs_peek(reply):
+            # GOBLIN.CLAIM answers nil (a holder's token, on one key) both in flight and to a
+            # re-send of our own claim (or a lost result); one read of holder and result,
+            # together, tells them apart.
             reply = self._peek()
         resent = sends.count > 1
         outcome, self._holder = self._claim_outcome(
@@ -681,8 +684,15 @@ def _round(client: SyncClient, commands: Sequence[Args], wait: Args | None) -> t
 
 
 def _pipelined(client: SyncClient, commands: Sequence[Args], pipe: Any = None) -> list[object]:
-    """Send ``commands`` in one pipeline (grouped by node on a cluster); errors come back as values."""
+    """Send ``commands`` in one pipeline (grouped by node on a cluster); errors come back as values.
+
+    Where ``direct_pool`` allowed it (and no ``pipe`` is given), straight over one
+    pooled connection, as one command goes (``send_direct_many``).
+    """
     if pipe is None:
+        pool = state_of(client).direct
+        if pool is not None:
+            return send_direct_many(pool, commands)
         pipe = client.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]

@@ -132,5 +132,5 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
     def _enqueue_marker(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The key holding the first message's task id, in the claim's slot and namespace."""
         spec = self._goblin_job()._goblin_spec
-        claim_key, _ = build_keys(spec.namespace, spec.key_of(args, kwargs))
-        return claim_key.removesuffix("claim") + "task"
+        record, _ = build_keys(spec.namespace, spec.key_of(args, kwargs))
+        return record + ":task"  # beside the record, as the fence counter is

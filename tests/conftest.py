@@ -93,6 +93,37 @@ def unique(prefix: str = "k") -> str:
     return f"{prefix}-{os.getpid()}-{next(_counter)}"
 
 
+# --------------------------------------------------------------------------- the stored record
+
+
+def record(token: str | bytes, value: str | bytes) -> bytes:
+    """What a default handle's one key holds once ``token`` completed it with ``value``."""
+    token = token.encode() if isinstance(token, str) else token
+    return b"done " + token + b" " + (value.encode() if isinstance(value, str) else value)
+
+
+def stored(raw: Any, handle: Any) -> bytes | None:
+    """The value a handle's work stored, as a duplicate reads it; None while none is.
+
+    On the default layout (one key) that is the record's value; on ``from_keys``
+    handles (two keys), what the result key holds.
+    """
+    value = raw.get(handle.result_key)
+    if handle.claim_key != handle.result_key or value is None:
+        return value
+    if not value.startswith(b"done "):
+        return None  # a token: in flight
+    return value.split(b" ", 2)[2]
+
+
+def publish(raw: Any, handle: Any, value: str | bytes, ttl: int = 600) -> None:
+    """Store ``value`` as completed work under ``handle``'s keys, as another writer's complete() would."""
+    if handle.claim_key == handle.result_key:
+        raw.set(handle.result_key, record("raw-writer", value), ex=ttl)
+    else:
+        raw.set(handle.result_key, value, ex=ttl)
+
+
 # --------------------------------------------------------------------------- real servers
 
 

@@ -25,7 +25,7 @@ import redis.asyncio
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, NotReplicatedError, ServerError
 from tests import servers
-from tests.conftest import unique
+from tests.conftest import record, stored, unique
 
 # The README's lines, with NS for the namespace (the SDK's keys and channels all start "NS:").
 SCRIPTS_BY_CATEGORY = "~NS:* +@read +@write +@scripting"
@@ -181,8 +181,8 @@ def test_a_refused_publish_still_completes_releases_and_forgets(user_client: Any
         done = Claim(client, unique(), namespace=namespace, native="never")
         done.acquire()
         done.complete(b"stored")
-        assert admin.get(done.result_key) == b"stored"
-        assert admin.get(done.claim_key).startswith(b"done ")
+        assert stored(admin, done) == b"stored"
+        assert admin.get(done.claim_key) == record(done.token, b"stored")
         released = Claim(client, unique(), namespace=namespace, native="never")
         released.acquire()
         assert released.release() is True
@@ -208,12 +208,13 @@ def test_in_flight_without_pttl_has_no_retry_after(user_client: Any) -> None:
 def test_options_add_their_commands(user_client: Any) -> None:
     """With the wake-up, fencing and replicas additions, push wake-ups, fences and WAIT all run for the user."""
     line = f"{SCRIPTS_BY_COMMAND} {WAKEUPS} {FENCING} {REPLICAS}"
-    namespace, name, password, _admin, port = user_client(line, False)
+    namespace, name, password, admin, port = user_client(line, False)
     with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
         fenced = Claim(client, unique(), namespace=namespace, fencing=True)
         outcome = fenced.acquire()
         assert isinstance(outcome, Claimed)
         assert isinstance(outcome.fence, int)
+        assert admin.get(f"{fenced.claim_key}:fence") == str(outcome.fence).encode()  # under ~NS:* too
         listener = client.pubsub()
         listener.subscribe(fenced.claim_key)  # permitted: the user may listen for the announcement
         assert listener.get_message(timeout=5)["type"] == "subscribe"
@@ -222,6 +223,7 @@ def test_options_add_their_commands(user_client: Any) -> None:
         listener.close()
         assert message is not None
         assert (message["type"], message["data"]) == ("message", b"done")  # announced by complete.lua
+        assert admin.exists(f"{fenced.claim_key}:fence") == 0  # the record written, the counter goes
         # A standalone server has no replica: WAIT runs (permitted) and answers 0.
         with pytest.raises(NotReplicatedError):
             Claim(client, unique(), namespace=namespace, replicas=1, replica_timeout_ms=50).acquire()
@@ -234,4 +236,4 @@ def test_fencing_without_time_is_refused_with_nothing_written(user_client: Any) 
         fenced = Claim(client, unique(), namespace=namespace, fencing=True)
         with pytest.raises(ServerError, match=REFUSED_IN_SCRIPT):
             fenced.acquire()
-        assert admin.exists(fenced.claim_key) == 0
+        assert admin.exists(fenced.claim_key, f"{fenced.claim_key}:fence") == 0

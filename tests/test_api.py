@@ -89,13 +89,11 @@ def test_async_driver_is_generated_from_the_sync_one() -> None:
 
 
 def test_handle_attributes_are_strings() -> None:
-    """claim_key, result_key and token are str; the keys carry the namespace and one hash tag."""
+    """claim_key, result_key and token are str; one key, with the namespace and one hash tag; from_keys keeps two."""
     handle = Claim(fake_redis(native=False), "evt88", namespace="pay", token="worker-3")
-    assert (handle.claim_key, handle.result_key, handle.token) == (
-        "pay:{evt88}:claim",
-        "pay:{evt88}:result",
-        "worker-3",
-    )
+    assert (handle.claim_key, handle.result_key, handle.token) == ("pay:{evt88}", "pay:{evt88}", "worker-3")
+    exact = Claim.from_keys(fake_redis(native=False), "claim:{evt88}", "result:{evt88}", token="worker-3")
+    assert (exact.claim_key, exact.result_key, exact.token) == ("claim:{evt88}", "result:{evt88}", "worker-3")
     client = fake_redis(native=False)
     assert Claim(client, "evt88").token != Claim(client, "evt88").token
 

@@ -115,8 +115,11 @@ class Service:
         run = self.runs["/lapse"]
         assert self.taken_over is not None
         if run == 1:
-            async for key in self.redis.scan_iter(f"{self.namespace}:*:claim"):
-                await self.redis.delete(key)
+            # One key per request: a token while in flight (this one), a record once done.
+            async for key in self.redis.scan_iter(f"{self.namespace}:*"):
+                held = await self.redis.get(key)
+                if held is not None and not held.startswith(b"done "):
+                    await self.redis.delete(key)
             self.dropped = True
             if how == "takeover":
                 await asyncio.wait_for(self.taken_over.wait(), 20)

@@ -115,7 +115,7 @@ class Setting:
             await self.client.set(self.handle.claim_key, self.foreign, px=50)
 
     async def holder(self) -> str | None:
-        """Who holds the claim: None (free), ``done ...`` (closed), or a token."""
+        """Who holds the key: None (free), ``done <token> <envelope>`` (closed), or a token."""
         value = await self.client.get(self.handle.claim_key)
         return value.decode() if isinstance(value, bytes) else value
 
@@ -132,7 +132,9 @@ class Setting:
             # The app began: it is never run again, so its key is closed (stored or abandoned).
             assert holder is not None, label
             assert holder.startswith(DONE_PREFIX), (label, holder)
-            assert await self.client.get(self.handle.result_key) is not None, label
+            # The one key's record, ``done <token> <envelope>``: a stored answer or the abandoned marker.
+            envelope = holder.split(" ", 2)[2] if holder.count(" ") >= 2 else "{}"
+            assert json.loads(envelope).get("kind") in ("http_response", "http_abandoned"), (label, holder)
         # A retry (uncancelled) runs the app only if it never began, or if it asked for a retry.
         before = self.app.runs
         sent = await request(self.middleware, self.key)

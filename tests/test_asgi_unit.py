@@ -34,6 +34,7 @@ from goblin_claim import (
 )
 from goblin_claim.asgi import DEFAULT_REPLAY_HEADERS, IdempotencyMiddleware, Message, Scope
 from goblin_claim.testing import fake_async_redis
+from tests.conftest import record as done_record
 
 NS = "unit-http"
 
@@ -175,6 +176,15 @@ def run(scenario: Callable[[Any], Coroutine[Any, Any, None]], native: bool = Fal
 def wrap(app: Any, client: Any, **options: Any) -> IdempotencyMiddleware:
     """``app`` behind the middleware, in the test namespace."""
     return IdempotencyMiddleware(app, client=client, namespace=NS, **options)
+
+
+async def the_record(client: Any) -> tuple[bytes, bytes, bytes]:
+    """The one key of the test namespace's only request, with its completed record's token and stored envelope."""
+    (name,) = await client.keys(f"{NS}:*")
+    held = await client.get(name)
+    assert held.startswith(b"done "), held
+    _, token, envelope = held.split(b" ", 2)
+    return name, token, envelope
 
 
 # --------------------------------------------------------------------------- the module
@@ -615,8 +625,8 @@ def test_the_stored_response_is_a_small_versioned_json_envelope() -> None:
 
     async def scenario(client: Any) -> None:
         await call(wrap(App(chunks=[b"\x00\x01"]), client, ttl=600), http_scope(), b"{}")
-        (result_key,) = await client.keys(f"{NS}:*:result")
-        stored = json.loads(await client.get(result_key))
+        name, token, envelope = await the_record(client)
+        stored = json.loads(envelope)
         assert stored == {
             "goblin": 1,
             "kind": "http_response",
@@ -626,8 +636,9 @@ def test_the_stored_response_is_a_small_versioned_json_envelope() -> None:
             "body": "AAE=",
         }
         assert len(stored["fp"]) == 32
-        assert 590 < await client.ttl(result_key) <= 600
-        assert b'["POST","/orders",null,"k-1"]' in result_key
+        assert token.endswith(b"." + stored["fp"].encode())  # the record's token carries it too
+        assert 590 < await client.ttl(name) <= 600
+        assert b'["POST","/orders",null,"k-1"]' in name
 
     run(scenario)
 
@@ -774,9 +785,9 @@ def test_a_request_cancelled_while_the_app_runs_keeps_its_key_closed(native: boo
         retry = await call(middleware, http_scope(), b"{}")
         assert "cancelled after it began" in retry.problem(422)["detail"]
         assert app.runs == 1
-        (result_key,) = await client.keys(f"{NS}:*:result")
-        assert json.loads(await client.get(result_key))["kind"] == "http_abandoned"
-        assert 590 < await client.ttl(result_key) <= 600  # closed for the ttl, like a stored answer
+        name, _, envelope = await the_record(client)
+        assert json.loads(envelope)["kind"] == "http_abandoned"
+        assert 590 < await client.ttl(name) <= 600  # closed for the ttl, like a stored answer
 
     run(scenario, native)
 
@@ -985,14 +996,15 @@ def test_claim_lost_mid_request_is_503_and_the_rivals_answer_stands() -> None:
 
     async def scenario(client: Any) -> None:
         async def rival_takes_over() -> None:
-            (claim_key,) = await client.keys(f"{NS}:*:claim")
-            await client.set(claim_key, "rival-token.0000")
+            (name,) = await client.keys(f"{NS}:*")
+            await client.set(name, "rival-token.0000")
 
         app = App(before=rival_takes_over)
         reply = await call(wrap(app, client), http_scope(), b"{}")
         assert "lapsed" in reply.problem(503)["detail"]
         assert reply.header(b"retry-after") == b"1"
-        assert await client.keys(f"{NS}:*:result") == []
+        (name,) = await client.keys(f"{NS}:*")
+        assert await client.get(name) == b"rival-token.0000"  # the rival's claim, untouched
 
     run(scenario)
 
@@ -1059,16 +1071,36 @@ def test_redis_unreachable_is_503_and_nothing_runs() -> None:
     asyncio.run(scenario())
 
 
-def test_a_lost_result_is_500() -> None:
-    """The claim says done but the stored response is gone (evicted): 500, the app is not rerun."""
+def test_an_evicted_record_reopens_the_key() -> None:
+    """The stored response evicted takes the done record with it (one key): the key is free, a retry runs anew."""
 
     async def scenario(client: Any) -> None:
         app = App()
         middleware = wrap(app, client)
         await call(middleware, http_scope(), b"{}")
-        for key in await client.keys(f"{NS}:*:result"):
-            await client.delete(key)
-        assert "evicted" in (await call(middleware, http_scope(), b"{}")).problem(500)["detail"]
+        name, _, _ = await the_record(client)
+        await client.delete(name)
+        again = await call(middleware, http_scope(), b"{}")
+        assert (again.status, again.body, again.header(b"idempotent-replayed")) == (201, b'{"ok":true}', None)
+        assert app.runs == 2
+        replay = await call(middleware, http_scope(), b"{}")
+        assert (replay.status, replay.header(b"idempotent-replayed")) == (201, b"true")
+        assert app.runs == 2
+
+    run(scenario)
+
+
+def test_a_done_marker_without_a_response_is_500() -> None:
+    """The key says done but holds no stored response (not written by this release): 500, the app is not rerun."""
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        middleware = wrap(app, client)
+        await call(middleware, http_scope(), b"{}")
+        name, token, _ = await the_record(client)
+        await client.set(name, b"done " + token)
+        reply = await call(middleware, http_scope(), b"{}")
+        assert reply.problem(500)["detail"] == _http.RESULT_LOST
         assert app.runs == 1
 
     run(scenario)
@@ -1081,8 +1113,8 @@ def test_an_unreadable_stored_value_is_500_and_never_echoed(caplog: pytest.LogCa
         app = App()
         middleware = wrap(app, client)
         await call(middleware, http_scope(key="customer-key-42"), b"{}")
-        (result_key,) = await client.keys(f"{NS}:*:result")
-        await client.set(result_key, b"card 4242 not an envelope")
+        name, token, _ = await the_record(client)
+        await client.set(name, done_record(token, b"card 4242 not an envelope"))
         with caplog.at_level(logging.DEBUG, logger="goblin_claim"):
             reply = await call(middleware, http_scope(key="customer-key-42"), b"{}")
         assert "unreadable" in reply.problem(500)["detail"]

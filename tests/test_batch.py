@@ -15,7 +15,6 @@ from goblin_claim import (
     Completed,
     InFlight,
     InvalidArgumentError,
-    ResultLostError,
     WrongTypeError,
 )
 from goblin_claim._core import PEEK
@@ -31,9 +30,12 @@ def acquire_many(driver: Driver, keys: list[str], **options: Any) -> list[tuple[
 
 
 def test_batch_gives_the_outcomes_of_one_by_one(driver: Driver) -> None:
-    """Free, completed, in flight, lost and wrong-type keys: the same outcomes as acquire() one by one, in order."""
+    """Free, completed, in flight, evicted and wrong-type keys: the same outcomes as acquire() one by one, in order.
+
+    An evicted record (the one key deleted after completion) is free work again: Claimed.
+    """
     namespace = unique("ns")
-    free, done, busy, lost, odd = (unique(name) for name in ("free", "done", "busy", "lost", "odd"))
+    free, done, busy, lost, odd = (unique(name) for name in ("free", "done", "busy", "evicted", "odd"))
     owner = driver.claim(done, namespace=namespace)
     owner.acquire()
     owner.complete(b"receipt")
@@ -41,12 +43,11 @@ def test_batch_gives_the_outcomes_of_one_by_one(driver: Driver) -> None:
     gone = driver.claim(lost, namespace=namespace)
     gone.acquire()
     gone.complete(b"v")
-    driver.raw.delete(gone.result_key)
+    driver.raw.delete(gone.claim_key)  # as allkeys-lru would
     other = driver.claim(odd, namespace=namespace)
     other.acquire()
     driver.raw.delete(other.claim_key)
-    driver.raw.set(other.claim_key, "someone", ex=30)
-    driver.raw.hset(other.result_key, "f", "v")
+    driver.raw.hset(other.claim_key, "f", "v")
 
     pairs = acquire_many(driver, [free, done, busy, lost, odd], namespace=namespace, lease=30)
     assert [handle.key for handle, _ in pairs] == [free, done, busy, lost, odd]
@@ -55,10 +56,13 @@ def test_batch_gives_the_outcomes_of_one_by_one(driver: Driver) -> None:
     assert outcomes[0].token == pairs[0][0].token
     assert outcomes[1] == Completed(key=done, value=b"receipt")
     assert outcomes[2] == InFlight(key=busy)
-    assert isinstance(outcomes[3], ResultLostError)
+    assert isinstance(outcomes[3], Claimed)
+    assert outcomes[3].token == pairs[3][0].token
     assert isinstance(outcomes[4], WrongTypeError)
     assert outcomes[4].key == odd
     assert driver.raw.get(pairs[0][0].claim_key) == pairs[0][0].token.encode()
+    assert driver.raw.get(pairs[3][0].claim_key) == pairs[3][0].token.encode()
+    assert driver.raw.hgetall(other.claim_key) == {b"f": b"v"}
     pairs[0][0].complete(b"mine")
     assert driver.claim(free, namespace=namespace).acquire() == Completed(key=free, value=b"mine")
 
@@ -128,6 +132,22 @@ def test_batch_handles_share_the_options(driver: Driver) -> None:
     assert again.fence == outcome.fence + 1
 
 
+def test_a_fenced_batch_over_records(driver: Driver) -> None:
+    """Fenced batch: a completed key is Completed and numbers nobody; a forgotten one is claimed with a larger fence."""
+    namespace = unique("ns")
+    done, again = unique("done"), unique("again")
+    [(first, _), (second, claimed)] = acquire_many(driver, [done, again], namespace=namespace, fencing=True)
+    assert isinstance(claimed, Claimed)
+    first.complete(b"v1")
+    second.complete(b"v2")
+    assert driver.claim(again, namespace=namespace).forget() is True
+    [(_, completed), (_, retaken)] = acquire_many(driver, [done, again], namespace=namespace, fencing=True)
+    assert completed == Completed(key=done, value=b"v1")
+    assert isinstance(retaken, Claimed)
+    assert retaken.fence > claimed.fence
+    assert driver.raw.exists(first.claim_key + ":fence") == 0
+
+
 def test_empty_batch_sends_nothing(driver: Driver) -> None:
     """No keys: an empty list."""
     assert acquire_many(driver, []) == []
@@ -139,7 +159,7 @@ def test_bad_batch_options_are_refused_before_io(driver: Driver, options: dict[s
     key = unique()
     with pytest.raises(TypeError if "bogus" in options else InvalidArgumentError):
         acquire_many(driver, [key], **options)
-    assert driver.raw.exists(f"goblin:{{{key}}}:claim") == 0
+    assert driver.raw.exists(f"goblin:{{{key}}}") == 0
 
 
 def test_batch_recovers_a_flushed_script_cache(driver: Driver) -> None:

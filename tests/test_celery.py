@@ -225,6 +225,9 @@ def test_enqueue_once_returns_the_first_messages_result(app: Any, worker: Callab
     first = app.charge_once.delay("evt-q", 4)
     queued = app.charge_once.delay("evt-q", 4)  # no worker yet: the first is only queued
     assert queued.id == first.id
+    # The first id is kept beside the key's record: in its namespace and its cluster slot.
+    record_key = Claim(data, "evt-q", namespace="jobs.charge_once").claim_key
+    assert data.get(record_key + ":task") == first.id.encode()
     worker()
     assert first.get(timeout=20) == {"event_id": "evt-q", "amount": 4, "charge_number": 1}
     done = app.charge_once.apply_async(("evt-q", 4))

@@ -33,7 +33,7 @@ from goblin_claim import (
     StillInFlightError,
     WrongTypeError,
 )
-from tests.conftest import ALL_BACKENDS, Driver, unique
+from tests.conftest import ALL_BACKENDS, Driver, publish, record, stored, unique
 from tests.servers import HOST, free_port
 
 # Also on redis-server with the reference module loaded (the SDK takes the native path).
@@ -59,6 +59,19 @@ def test_complete_publishes_to_duplicates(driver: Driver) -> None:
     owner.complete("charged:txn_551")
     assert driver.claim(key).acquire() == Completed(key=key, value=b"charged:txn_551")
     assert 590 < driver.raw.ttl(owner.result_key) <= 600
+
+
+@pytest.mark.parametrize("value", [b"", b"two words", b"done other v", b"\x00\xff "], ids=repr)
+def test_any_value_round_trips_through_the_one_key_record(driver: Driver, value: bytes) -> None:
+    """The record ``done <token> <value>`` gives any value back: empty, with spaces, looking like a record, binary."""
+    key = unique()
+    owner = driver.claim(key)
+    assert isinstance(owner.acquire(), Claimed)
+    owner.complete(value)
+    assert driver.raw.get(owner.claim_key) == record(owner.token, value)
+    assert driver.claim(key).acquire() == Completed(key=key, value=value)
+    owner.complete(value)  # re-sent: still a success, the record unchanged
+    assert driver.raw.get(owner.claim_key) == record(owner.token, value)
 
 
 def test_complete_keeps_the_claim_for_ttl(driver: Driver) -> None:
@@ -99,7 +112,7 @@ def test_stale_owner_cannot_overwrite_the_new_owner(driver: Driver) -> None:
         stale.complete(b"stale")
     assert stale.release() is False
     assert driver.raw.get(fresh.claim_key) == fresh.token.encode()
-    assert driver.raw.exists(fresh.result_key) == 0
+    assert stored(driver.raw, fresh) is None
     fresh.complete(b"fresh")
     assert driver.claim(key).acquire() == Completed(key=key, value=b"fresh")
 
@@ -116,14 +129,18 @@ def test_complete_refuses_bad_values_before_io(driver: Driver, value: Any, error
     owner.acquire()
     with pytest.raises(error):
         owner.complete(value)
-    assert driver.raw.exists(owner.result_key) == 0
+    assert stored(driver.raw, owner) is None
     assert driver.raw.get(owner.claim_key) == owner.token.encode()
 
 
 def test_complete_into_a_non_string_result_writes_nothing(driver: Driver) -> None:
-    """result_key holding a hash: complete() raises WrongTypeError before writing; hash and claim unchanged."""
-    key = unique()
-    owner = driver.claim(key)
+    """result_key holding a hash: complete() raises WrongTypeError before writing; hash and claim unchanged.
+
+    Two keys (``from_keys``): the default layout's one key cannot hold a hash while it is claimed.
+    """
+    tag = unique()
+    key = f"claim:{{{tag}}}"
+    owner = driver.from_keys(key, f"result:{{{tag}}}")
     assert isinstance(owner.acquire(), Claimed)
     driver.raw.hset(owner.result_key, "f", "v")
     with pytest.raises(WrongTypeError) as info:
@@ -195,7 +212,7 @@ def test_wait_returns_the_result_once_published(driver: Driver) -> None:
 
     def finish() -> None:
         time.sleep(0.3)
-        driver.raw.set(owner.result_key, "late")
+        publish(driver.raw, owner, "late")
 
     thread = threading.Thread(target=finish)
     thread.start()

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import redis
 
-from goblin_claim import Claim, Claimed, idempotent
+from goblin_claim import Claim, Claimed, ResultLostError, WrongTypeError, idempotent
 from goblin_claim._cli import eviction_finding, main, native_finding, owner_check_finding
 from tests import servers
-from tests.conftest import unique
+from tests.conftest import publish, unique
 
 Tier = Callable[[str], Any]  # each_server: the session's server of a tier
 
@@ -147,8 +147,8 @@ def test_a_cluster_with_the_module_on_some_nodes_is_a_problem() -> None:
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "volatile-ttl", "allkeys-random"])
-def test_doctor_flags_policies_that_evict_results(each_server: Tier, policy: str) -> None:
-    """Any policy but noeviction, with a maxmemory, is a problem (volatile-* too: every key has a TTL); exit 1."""
+def test_doctor_flags_policies_that_evict_records(each_server: Tier, policy: str) -> None:
+    """Any policy but noeviction, with a maxmemory, is a problem (volatile-* too): an evicted record reruns work."""
     server = each_server("standalone")
     with contextlib.closing(server.client()) as stock:
         before = stock.config_get("maxmemory*")
@@ -160,7 +160,9 @@ def test_doctor_flags_policies_that_evict_results(each_server: Tier, policy: str
             stock.config_set("maxmemory", before["maxmemory"])
             stock.config_set("maxmemory-policy", before["maxmemory-policy"])
     assert status == 1, text
-    assert f"PROBLEM  {servers.HOST}:{server.port}: maxmemory-policy {policy} can evict results" in text
+    assert f"PROBLEM  {servers.HOST}:{server.port}: maxmemory-policy {policy} can evict claims and completed" in text
+    assert "the next caller runs the work again" in text
+    assert "ResultLostError" not in text
     assert "CONFIG SET maxmemory-policy noeviction" in text
 
 
@@ -169,6 +171,7 @@ def test_an_evicting_policy_without_maxmemory_is_a_note() -> None:
     finding = eviction_finding("n:1", "volatile-lru", 0)
     assert finding.level == "note"
     assert "once one is" in finding.what
+    assert "runs the work again" in finding.what
 
 
 # The server's refusal, by kind: a command, or a key ("no permissions to access one of the
@@ -210,27 +213,44 @@ def test_doctor_on_a_replica_is_a_problem(each_server: Tier) -> None:
 
 
 def test_inspect_names_each_state(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
-    """free, held (token and lease), done (retention), done but the result lost (exit 1)."""
+    """free, held (token and lease), done (token, value, retention), free again once the record is gone."""
     ns = unique("ns")
     target = url(redis_standalone)
     status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
     assert (status, "state   free" in text) == (0, True)
+    assert f"record  {ns}:{{evt88}}: none" in text
     owner = Claim(stock, "evt88", namespace=ns, token="worker-3", lease=30, ttl=600)
     assert isinstance(owner.acquire(), Claimed)
     status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
     assert status == 0
-    assert f"claim   {ns}:{{evt88}}:claim: 'worker-3', TTL " in text
+    assert f"record  {ns}:{{evt88}}: 'worker-3', TTL " in text
     assert "state   held by 'worker-3', lease ends in" in text
     owner.complete("charged:txn_551")
     status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
     assert status == 0
+    assert f"record  {ns}:{{evt88}}: done by 'worker-3', 15 bytes of value, TTL " in text
     assert "raw text: 'charged:txn_551'" in text
     assert "state   done by 'worker-3', kept 600 s more" in text
-    stock.delete(owner.result_key)
+    stock.delete(owner.claim_key)  # evicted: the work is free again, not lost
     status, text = run("inspect", "evt88", "--namespace", ns, "--url", target)
-    assert status == 1
-    assert "the result is lost" in text
-    assert "goblin-claim forget evt88" in text
+    assert (status, "state   free" in text) == (0, True)
+
+
+def test_inspect_shows_the_fence_counter_of_a_fenced_claim(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis
+) -> None:
+    """A fenced claim in flight: the fence line names the counter; once completed, the counter is gone."""
+    ns = unique("ns")
+    owner = Claim(stock, "evt88", namespace=ns, token="worker-3", fencing=True)
+    claimed = owner.acquire()
+    assert isinstance(claimed, Claimed)
+    status, text = run("inspect", "evt88", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0
+    assert f"fence   {ns}:{{evt88}}:fence: '{claimed.fence}'" in text
+    owner.complete("v")
+    status, text = run("inspect", "evt88", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0
+    assert "fence " not in text
 
 
 def test_inspect_decodes_the_decorators_envelope(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
@@ -261,20 +281,57 @@ def test_inspect_decodes_the_decorators_envelope(redis_standalone: servers.Redis
 def test_inspect_flags_keys_goblin_claim_did_not_write(
     redis_standalone: servers.RedisProcess, stock: redis.Redis
 ) -> None:
-    """A hash at the claim key, a result with no claim, binary bytes: shown as they are, with exit 1."""
+    """A hash at the record (acquire() raises WrongTypeError), a done marker without a value: odd, exit 1."""
     ns = unique("ns")
-    claim_key, result_key = Claim(stock, "k", namespace=ns).claim_key, Claim(stock, "k", namespace=ns).result_key
-    stock.hset(claim_key, "f", "v")
+    record = Claim(stock, "k", namespace=ns).claim_key
+    stock.hset(record, "f", "v")
     status, text = run("inspect", "k", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 1
     assert "a hash, not written by goblin-claim" in text
-    stock.delete(claim_key)
-    stock.set(result_key, b"\xff\x00")
+    assert "acquire() raises WrongTypeError" in text
+    with pytest.raises(WrongTypeError):
+        Claim(stock, "k", namespace=ns).acquire()
+    stock.delete(record)
+    stock.set(record, b"done w-1")
     status, text = run("inspect", "k", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 1
-    assert "raw bytes: b'\\xff\\x00'" in text
+    assert "a done marker without a value" in text
     assert "no TTL" in text
-    assert "the work runs again" in text
+    assert "`goblin-claim forget k` reopens the key" in text
+    with pytest.raises(ResultLostError):
+        Claim(stock, "k", namespace=ns).acquire()
+
+
+def test_inspect_shows_binary_values_as_bytes(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
+    """A completed record whose value is not UTF-8 is shown as bytes, and is not a problem."""
+    ns = unique("ns")
+    handle = Claim(stock, "k", namespace=ns)
+    publish(stock, handle, b"\xff\x00")
+    status, text = run("inspect", "k", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0, text
+    assert "raw bytes: b'\\xff\\x00'" in text
+    assert "state   done by 'raw-writer'" in text
+
+
+def test_inspect_and_forget_name_an_older_releases_two_keys(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis
+) -> None:
+    """Keys of the old two-key layout: inspect lists them as legacy (exit 1); forget leaves them and says so."""
+    ns = unique("ns")
+    stock.set(f"{ns}:{{evt88}}:claim", "done old-worker", ex=600)
+    stock.set(f"{ns}:{{evt88}}:result", "charged", ex=600)
+    status, text = run("inspect", "evt88", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 1, text
+    assert "state   free" in text  # this release does not read them
+    assert f"legacy  {ns}:{{evt88}}:claim: a string, TTL " in text
+    assert f"legacy  {ns}:{{evt88}}:result: a string, TTL " in text
+    assert "written by an older release" in text
+    assert isinstance(Claim(stock, "evt88", namespace=ns).acquire(), Claimed)
+    status, text = run("forget", "evt88", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0
+    assert f"deleted {ns}:{{evt88}}\n" in text
+    assert f"left {ns}:{{evt88}}:claim: an older release's key" in text
+    assert stock.exists(f"{ns}:{{evt88}}:claim", f"{ns}:{{evt88}}:result") == 2
 
 
 def test_inspect_on_a_cluster(redis_native_cluster: list[servers.RedisProcess]) -> None:
@@ -294,18 +351,19 @@ def test_inspect_on_a_cluster(redis_native_cluster: list[servers.RedisProcess]) 
 def test_forget_says_what_it_deleted_and_reopens_the_key(
     redis_standalone: servers.RedisProcess, stock: redis.Redis
 ) -> None:
-    """Forget deletes claim and result, says which and what they held; again: nothing to forget (exit 0)."""
+    """Forget deletes the record, says which key and what it held; again: nothing to forget (exit 0)."""
     ns = unique("ns")
     owner = Claim(stock, "evt88", namespace=ns, token="worker-3")
     owner.acquire()
     owner.complete("charged:txn_551")
     status, text = run("forget", "evt88", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 0
-    assert f"deleted {ns}:{{evt88}}:claim and {ns}:{{evt88}}:result" in text
+    assert f"forgot 'evt88': deleted {ns}:{{evt88}}\n" in text
     assert "it was: done by 'worker-3'" in text
-    assert stock.exists(owner.claim_key, owner.result_key) == 0
+    assert stock.exists(owner.claim_key) == 0
+    assert stock.keys(f"{ns}:*") == []
     assert isinstance(Claim(stock, "evt88", namespace=ns).acquire(), Claimed)
     Claim(stock, "evt88", namespace=ns).forget()
     status, text = run("forget", "evt88", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 0
-    assert "nothing to forget" in text
+    assert f"nothing to forget: {ns}:{{evt88}} does not exist" in text

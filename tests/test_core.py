@@ -98,7 +98,7 @@ def test_distinct_keys_get_distinct_redis_keys() -> None:
 
 
 def test_claim_replies_decode_to_outcomes() -> None:
-    """CLAIMED (bytes or str) is Claimed, nil is InFlight, anything else is Completed with that value."""
+    """CLAIMED (bytes or str) is Claimed, nil is InFlight; a record is Completed, a bare value on two keys too."""
     handle = ClaimBase(None, "k", token="t", lease=5)
     claimed = Claimed(key="k", token="t", lease=5)
     assert handle._claim_outcome(b"CLAIMED") == (claimed, "t")
@@ -109,8 +109,17 @@ def test_claim_replies_decode_to_outcomes() -> None:
     assert handle._claim_outcome([b"CLAIMED", 7]) == (InFlight(key="k"), b"CLAIMED")
     assert fenced._claim_outcome([b"CLAIMED", 7, 3]) == (InFlight(key="k"), b"CLAIMED")
     assert handle._claim_outcome(None) == (InFlight(key="k"), None)
-    assert handle._claim_outcome(b"") == (Completed(key="k", value=b""), None)
-    assert handle._claim_outcome("x") == (Completed(key="k", value="x"), None)
+    # The one key: a record names its writer and holds the value; anything else is a holder's token.
+    assert handle._claim_outcome(b"done t ") == (Completed(key="k", value=b""), b"t")
+    assert handle._claim_outcome("done other x y") == (Completed(key="k", value="x y"), "other")
+    assert handle._claim_outcome(b"other") == (InFlight(key="k"), b"other")
+    with pytest.raises(ResultLostError):
+        handle._claim_outcome(b"done t")  # a marker without a value: not a record complete() wrote
+    # Two keys (from_keys): the result key's value itself.
+    two = ClaimBase._with_keys(None, "c", "r", 5, 86400, "t", "auto", 0, 500)
+    assert two._claim_outcome(b"") == (Completed(key="c", value=b""), None)
+    assert two._claim_outcome("x") == (Completed(key="c", value="x"), None)
+    assert two._claim_outcome(b"done t x") == (Completed(key="c", value=b"done t x"), None)
 
 
 def test_in_flight_replies_name_the_holder() -> None:

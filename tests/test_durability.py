@@ -27,7 +27,7 @@ from goblin_claim import (
     idempotent,
 )
 from tests import servers
-from tests.conftest import unique
+from tests.conftest import record, unique
 
 # The tests that start servers of their own run on both (tests/conftest.py).
 SERVERS = ("redis", "valkey")
@@ -58,7 +58,7 @@ def test_claim_and_complete_reach_the_replica_before_returning(pair: tuple[Any, 
     assert isinstance(owner.acquire(), Claimed)
     assert replica.get(owner.claim_key) == owner.token.encode()
     owner.complete(b"charged")
-    assert replica.get(owner.result_key) == b"charged"
+    assert replica.get(owner.claim_key) == record(owner.token, b"charged")
     assert Claim(primary, key, replicas=1).acquire() == Completed(key=key, value=b"charged")
 
 
@@ -76,7 +76,7 @@ def test_async_claim_and_complete_reach_the_replica(
             assert isinstance(await owner.acquire(), Claimed)
             assert replica.get(owner.claim_key) == owner.token.encode()
             await owner.complete(b"charged")
-            assert replica.get(owner.result_key) == b"charged"
+            assert replica.get(owner.claim_key) == record(owner.token, b"charged")
         finally:
             await client.aclose()
 
@@ -113,7 +113,7 @@ def test_a_stopped_replica_is_reported_and_the_writes_stay_on_the_primary(redis_
             assert primary.get(again.claim_key) == again.token.encode()
             with pytest.raises(NotReplicatedError):
                 owner.complete(b"v")
-            assert primary.get(owner.result_key) == b"v"
+            assert primary.get(owner.claim_key) == record(owner.token, b"v")
             # Sending complete() again is safe: it finds its own result and waits again.
             with pytest.raises(NotReplicatedError):
                 owner.complete(b"v")

@@ -37,7 +37,7 @@ from goblin_claim import (
 from goblin_claim._errors import ServerUnavailableError
 from goblin_claim._server import is_transient, translate
 from tests import servers
-from tests.conftest import unique
+from tests.conftest import stored, unique
 from tests.proxy import FaultProxy
 
 # A replica syncs at once instead of after redis-server's default 5 s delay.
@@ -205,7 +205,7 @@ def test_demoted_mid_work_the_store_follows_the_new_primary(
     assert runs == [key]
     assert _errors_answered(old, "READONLY") >= 1
     with contextlib.closing(new.client()) as client:
-        assert client.exists(run.handle(key, namespace).result_key)
+        assert f"receipt {key}".encode() in (stored(client, run.handle(key, namespace)) or b"")
 
 
 def test_demoted_for_good_the_error_carries_the_result(
@@ -278,7 +278,7 @@ def test_wait_unblocked_by_client_unblock_is_retried(
     assert unblocked == [True]
     assert _errors_answered(primary, "UNBLOCKED") == 1
     with contextlib.closing(replica.client()) as client:
-        assert client.exists(run.handle(key, namespace).result_key)
+        assert f"receipt {key}".encode() in (stored(client, run.handle(key, namespace)) or b"")
 
 
 def test_wait_unblocked_by_a_demotion_lands_on_the_new_primary(
@@ -322,7 +322,7 @@ def test_wait_unblocked_by_a_demotion_lands_on_the_new_primary(
     assert _errors_answered(old, "UNBLOCKED") == 1
     assert runs == [key]
     with contextlib.closing(new.client()) as client:
-        assert client.exists(run.handle(key, namespace).result_key)
+        assert f"receipt {key}".encode() in (stored(client, run.handle(key, namespace)) or b"")
 
 
 # --------------------------------------------------------------------------- a restart that loads
@@ -421,16 +421,19 @@ def test_async_handle_complete_retried_by_the_caller_after_readonly(
 
 
 def test_a_refused_store_carries_the_result(kind: str, redis_standalone: servers.RedisProcess) -> None:
-    """A store the server refuses for good (WRONGTYPE here) is not retried, and its error carries the result."""
+    """A store the server refuses for good (WRONGTYPE here) is not retried, and its error carries the result.
+
+    Someone else's list replaces the claim's one key while the function runs.
+    """
     run = Run(kind, redis_standalone.port)
     namespace, key = unique("ns"), unique()
-    result_key = run.handle(key, namespace).result_key
+    record_key = run.handle(key, namespace).result_key
     runs = []
 
     def body(order: str) -> str:
         runs.append(order)
         with contextlib.closing(redis_standalone.client()) as client:
-            client.rpush(result_key, b"someone else's list")
+            client.pipeline().delete(record_key).rpush(record_key, b"someone else's list").execute()
         return f"receipt {order}"
 
     charge = run.decorate(body, namespace=namespace, lease=20, wait=5)

@@ -27,7 +27,7 @@ from goblin_claim import (
     StillInFlightError,
     idempotent,
 )
-from tests.conftest import ALL_BACKENDS, Deco, Driver, SyncView, unique
+from tests.conftest import ALL_BACKENDS, Deco, Driver, SyncView, publish, record, stored, unique
 from tests.servers import RedisProcess, start_server
 
 # Also on redis-server with the reference module loaded (the SDK takes the native path).
@@ -76,7 +76,8 @@ def test_complete_with_another_value_keeps_the_first(driver: Driver) -> None:
     owner.complete(b"first")
     with pytest.raises(ClaimLostError, match="another value"):
         owner.complete(b"second")
-    assert driver.raw.get(owner.result_key) == b"first"
+    assert stored(driver.raw, owner) == b"first"
+    assert driver.raw.get(owner.claim_key) == record(owner.token, b"first")
 
 
 def test_extend_sent_twice_is_a_success(driver: Driver) -> None:
@@ -127,17 +128,22 @@ def test_late_complete_after_a_takeover_writes_nothing(driver: Driver) -> None:
     assert isinstance(fresh.acquire(), Claimed)  # ...and someone took it
     with pytest.raises(ClaimLostError):
         stale.complete(b"stale")
-    assert driver.raw.exists(stale.result_key) == 0
+    assert stored(driver.raw, stale) is None
+    assert driver.raw.get(fresh.claim_key) == fresh.token.encode()
     fresh.complete(b"fresh")
     with pytest.raises(ClaimLostError):
         stale.complete(b"stale")
-    assert driver.raw.get(stale.result_key) == b"fresh"
+    assert stored(driver.raw, stale) == b"fresh"
+    assert driver.raw.get(fresh.claim_key) == record(fresh.token, b"fresh")
 
 
 def test_late_complete_never_overwrites_a_result_stored_by_others(driver: Driver) -> None:
-    """Claim gone but a result stored (a raw writer finished it): the late owner's complete() raises."""
-    key = unique()
-    stale = driver.claim(key)
+    """Claim gone but a result stored (a raw writer finished it): the late owner's complete() raises.
+
+    Two keys (``from_keys``): a raw writer's SET result_key while the claim key is empty.
+    """
+    tag = unique()
+    stale = driver.from_keys(f"c:{{{tag}}}", f"r:{{{tag}}}")
     stale.acquire()
     driver.raw.delete(stale.claim_key)
     driver.raw.set(stale.result_key, b"theirs")
@@ -147,17 +153,35 @@ def test_late_complete_never_overwrites_a_result_stored_by_others(driver: Driver
     assert driver.raw.exists(stale.claim_key) == 0
 
 
+@pytest.mark.parametrize("fencing", [False, True])
+def test_late_complete_never_overwrites_a_record_stored_by_others(driver: Driver, fencing: bool) -> None:
+    """The lease lapsed and another writer completed the one key: the late owner's complete() raises, record intact."""
+    key = unique()
+    stale = driver.claim(key, fencing=fencing)
+    stale.acquire()
+    driver.raw.delete(stale.claim_key)
+    publish(driver.raw, stale, b"theirs")
+    with pytest.raises(ClaimLostError):
+        stale.complete(b"mine")
+    assert driver.raw.get(stale.claim_key) == record("raw-writer", b"theirs")
+    assert driver.claim(key).acquire() == Completed(key=key, value=b"theirs")
+
+
 # --------------------------------------------------------------------------- lost results
 
 
 def test_lost_result_is_an_error_not_in_flight(driver: Driver) -> None:
-    """Claim marked done, result gone: acquire() and wait() raise ResultLostError at once."""
-    key = unique()
-    owner = driver.claim(key)
+    """Claim marked done, result gone: acquire() and wait() raise ResultLostError at once.
+
+    Two keys (``from_keys``): only there can the done marker outlive its result.
+    """
+    tag = unique()
+    key = f"c:{{{tag}}}"
+    owner = driver.from_keys(key, f"r:{{{tag}}}")
     owner.acquire()
     owner.complete(b"v")
     driver.raw.delete(owner.result_key)  # as allkeys-lru would
-    duplicate = driver.claim(key)
+    duplicate = driver.from_keys(key, owner.result_key)
     with pytest.raises(ResultLostError) as info:
         duplicate.acquire()
     assert info.value.key == key
@@ -166,6 +190,22 @@ def test_lost_result_is_an_error_not_in_flight(driver: Driver) -> None:
         duplicate.wait(timeout=5)
     assert time.monotonic() - started < 1
     assert driver.raw.exists(owner.claim_key) == 1  # nothing reopened by itself
+
+
+def test_an_evicted_record_reopens_the_work(driver: Driver) -> None:
+    """The one key's record evicted or deleted: the work is free again, the next caller claims it, no error."""
+    key = unique()
+    owner = driver.claim(key)
+    owner.acquire()
+    owner.complete(b"v")
+    driver.raw.delete(owner.claim_key)  # as allkeys-lru would
+    successor = driver.claim(key)
+    assert successor.wait(timeout=5) == Claimed(key=key, token=successor.token, lease=successor.lease)
+    assert driver.raw.get(owner.claim_key) == successor.token.encode()
+    with pytest.raises(ClaimLostError):
+        owner.complete(b"v")  # a re-send after the eviction finds another owner: nothing written
+    successor.complete(b"again")
+    assert driver.claim(key).acquire() == Completed(key=key, value=b"again")
 
 
 @pytest.mark.parametrize("backend", ["fake-native", "native", "native-cluster"], indirect=True)
@@ -201,16 +241,33 @@ def test_work_completed_between_the_native_nil_and_its_read_is_completed_not_los
 
 
 def test_forget_reopens_a_lost_result(driver: Driver) -> None:
-    """forget() deletes claim and result whoever holds them; the next caller claims the work."""
+    """forget() deletes claim and result whoever holds them; the next caller claims the work.
+
+    Two keys (``from_keys``): a done marker whose result is gone.
+    """
+    tag = unique()
+    keys = (f"c:{{{tag}}}", f"r:{{{tag}}}")
+    owner = driver.from_keys(*keys)
+    owner.acquire()
+    owner.complete(b"v")
+    driver.raw.delete(owner.result_key)
+    operator = driver.from_keys(*keys)
+    assert operator.forget() is True
+    assert operator.forget() is False
+    assert driver.raw.exists(owner.claim_key, owner.result_key) == 0
+    assert isinstance(driver.from_keys(*keys).acquire(), Claimed)
+
+
+def test_forget_reopens_a_completed_record(driver: Driver) -> None:
+    """forget() deletes the one key's record whoever wrote it; the next caller claims the work."""
     key = unique()
     owner = driver.claim(key)
     owner.acquire()
     owner.complete(b"v")
-    driver.raw.delete(owner.result_key)
     operator = driver.claim(key)
     assert operator.forget() is True
     assert operator.forget() is False
-    assert driver.raw.exists(owner.claim_key, owner.result_key) == 0
+    assert driver.raw.exists(owner.claim_key) == 0
     assert isinstance(driver.claim(key).acquire(), Claimed)
 
 
@@ -263,22 +320,41 @@ def test_fence_counter_survives_forget_and_expires(driver: Driver) -> None:
     fence = first.acquire().fence
     first.forget()
     assert driver.claim(key, fencing=True, ttl=600).acquire().fence == fence + 1
-    fence_key = first.claim_key.removesuffix("claim") + "fence"
+    fence_key = first.claim_key + ":fence"
     assert 590 < driver.raw.ttl(fence_key) <= 600
+
+
+def test_a_fenced_complete_deletes_the_counter_and_later_fences_still_grow(driver: Driver) -> None:
+    """complete() with fencing deletes the counter beside the record; after a forget the next fence is still larger."""
+    key = unique()
+    owner = driver.claim(key, fencing=True, ttl=600)
+    first = owner.acquire()
+    assert isinstance(first, Claimed)
+    fence_key = owner.claim_key + ":fence"
+    assert driver.raw.exists(fence_key) == 1
+    owner.complete(b"v")
+    assert driver.raw.exists(fence_key) == 0
+    owner.complete(b"v")  # re-sent once the counter is gone: still a success
+    assert driver.claim(key, fencing=True).acquire() == Completed(key=key, value=b"v")
+    assert driver.raw.exists(fence_key) == 0  # a duplicate's read numbers nobody
+    assert driver.claim(key).forget() is True
+    later = driver.claim(key, fencing=True).acquire()
+    assert isinstance(later, Claimed)
+    assert later.fence > first.fence
 
 
 def test_without_fencing_there_is_no_fence(driver: Driver) -> None:
     """Claimed.fence is None without fencing, and no counter key is written."""
     owner = driver.claim(unique())
     assert owner.acquire().fence is None
-    assert driver.raw.exists(owner.claim_key.removesuffix("claim") + "fence") == 0
+    assert driver.raw.exists(owner.claim_key + ":fence") == 0
 
 
 # --------------------------------------------------------------------------- the decorator
 
 
-def test_decorator_raises_result_lost_without_running_or_waiting(deco: Deco) -> None:
-    """A completed key whose result was evicted: duplicates raise ResultLostError at once; nothing re-runs."""
+def test_decorator_reruns_once_after_its_record_was_evicted(deco: Deco) -> None:
+    """A completed key whose record was evicted is free again: the next call runs it once, without waiting."""
     calls: list[str] = []
 
     def charge(order_id: str) -> str:
@@ -287,12 +363,14 @@ def test_decorator_raises_result_lost_without_running_or_waiting(deco: Deco) -> 
 
     wrapped = deco(charge, key="order_id", wait=10)
     assert wrapped("o1") == "charged o1"
-    assert deco.raw.delete(f"{deco.namespace}:{{o1}}:result") == 1  # as allkeys-lru would
-    started = time.monotonic()
-    with pytest.raises(ResultLostError):
-        wrapped("o1")
-    assert time.monotonic() - started < 1
+    assert wrapped("o1") == "charged o1"
     assert calls == ["o1"]
+    assert deco.raw.delete(f"{deco.namespace}:{{o1}}") == 1  # as allkeys-lru would
+    started = time.monotonic()
+    assert wrapped("o1") == "charged o1"
+    assert time.monotonic() - started < 1
+    assert wrapped("o1") == "charged o1"
+    assert calls == ["o1", "o1"]
 
 
 def test_decorator_work_outliving_its_lease_raises_claim_lost_with_the_result(deco: Deco) -> None:
@@ -311,7 +389,7 @@ def test_decorator_work_outliving_its_lease_raises_claim_lost_with_the_result(de
     with pytest.raises(ClaimLostError) as info:
         wrapped("o1")
     assert info.value.result == "slow result"
-    assert deco.raw.exists(f"{deco.namespace}:{{o1}}:result") == 0
+    assert deco.raw.exists(f"{deco.namespace}:{{o1}}") == 0
     assert calls == ["o1"]
 
 

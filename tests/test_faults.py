@@ -53,7 +53,7 @@ from goblin_claim import (
 )
 from goblin_claim._core import SCRIPTS
 from tests import workers
-from tests.conftest import Runner, SyncView, unique
+from tests.conftest import Runner, SyncView, record, stored, unique
 from tests.proxy import FaultProxy, Faults, proxy_nodes
 from tests.servers import HOST, RedisProcess, start_server
 
@@ -115,6 +115,13 @@ class Rig:
             return Claim(client, key, namespace=self.ns, **options)
         return SyncView(AsyncClaim(client, key, namespace=self.ns, **options), self.run)
 
+    def two_keys(self, client: Any, key: str, **options: Any) -> Any:
+        """A ``from_keys`` handle (the two-key protocol) on this test's ``<ns>:{key}:claim`` / ``:result``."""
+        claim, result = f"{self.ns}:{{{key}}}:claim", f"{self.ns}:{{{key}}}:result"
+        if self.run is None:
+            return Claim.from_keys(client, claim, result, **options)
+        return SyncView(AsyncClaim.from_keys(client, claim, result, **options), self.run)
+
     def counted(self, client: Any, **options: Any) -> Callable[[str], dict[str, Any]]:
         """An ``@idempotent`` function of this rig's kind, called like a plain one.
 
@@ -170,14 +177,15 @@ def marker(namespace: str, item: str) -> str:
     return f"result-of-{namespace}-{item}"
 
 
-def claim_key(namespace: str, item: str) -> str:
-    """The claim key the SDK uses for ``item`` (README: ``<namespace>:{<key>}:claim``)."""
-    return f"{namespace}:{{{item}}}:claim"
+def record_key(namespace: str, item: str) -> str:
+    """The one key the SDK keeps ``item``'s claim and record in (README: ``<namespace>:{<key>}``)."""
+    return f"{namespace}:{{{item}}}"
 
 
-def result_key(namespace: str, item: str) -> str:
-    """The result key the SDK uses for ``item``."""
-    return f"{namespace}:{{{item}}}:result"
+def completed_record(raw: Any, namespace: str, item: str) -> bool:
+    """Whether ``item``'s one key holds a completed record (not a token, not nothing)."""
+    held = raw.get(record_key(namespace, item))
+    return held is not None and held.startswith(b"done ")
 
 
 def sent(faults: Faults, key: str, script: str) -> int:
@@ -307,7 +315,7 @@ def test_acquire_cut_without_retries_raises_and_writes_nothing(rig: Rig) -> None
     with pytest.raises(ConnectionFailedError) as info:
         handle.acquire()
     assert info.value.key == handle.key
-    assert rig.raw.exists(handle.claim_key, handle.result_key) == 0
+    assert rig.raw.exists(handle.claim_key) == 0
     assert isinstance(handle.acquire(), Claimed)
 
 
@@ -332,8 +340,8 @@ def _claimed(rig: Rig, flavour: str = "default", **options: Any) -> Any:
 
 
 def _assert_completed(rig: Rig, handle: Any, value: bytes) -> None:
-    assert rig.raw.get(handle.result_key) == value
-    assert isinstance(rig.raw.get(handle.claim_key), bytes)  # the done marker, kept for ttl
+    assert rig.raw.get(handle.claim_key) == record(handle.token, value)  # the record, stored once, for ttl
+    assert rig.raw.ttl(handle.claim_key) > 60
     outcome = rig.claim(rig.client(), handle.key).acquire()
     assert isinstance(outcome, Completed)
     assert outcome.value == value
@@ -372,8 +380,7 @@ def test_complete_cut_without_retries_raises_and_writes_nothing(rig: Rig) -> Non
     rig.faults.drop_before(handle.claim_key.encode(), b"receipt")
     with pytest.raises(ConnectionFailedError):
         handle.complete(b"receipt")
-    assert rig.raw.get(handle.claim_key) == handle.token.encode()
-    assert rig.raw.exists(handle.result_key) == 0
+    assert rig.raw.get(handle.claim_key) == handle.token.encode()  # still in flight: no record
     handle.complete(b"receipt")
     _assert_completed(rig, handle, b"receipt")
 
@@ -384,7 +391,7 @@ def test_complete_reply_lost_without_retries_raises_then_the_same_handle_succeed
     rig.faults.lose_next_reply(handle.claim_key.encode(), b"receipt")
     with pytest.raises(ConnectionFailedError):
         handle.complete(b"receipt")
-    assert rig.raw.get(handle.result_key) == b"receipt"  # the server did store it
+    assert stored(rig.raw, handle) == b"receipt"  # the server did store it
     handle.complete(b"receipt")
     _assert_completed(rig, handle, b"receipt")
 
@@ -411,8 +418,7 @@ def test_complete_after_a_takeover_raises_claim_lost_and_writes_nothing(rig: Rig
     assert isinstance(other.acquire(), Claimed)
     with pytest.raises(ClaimLostError):
         handle.complete(b"late")
-    assert rig.raw.get(handle.claim_key) == other.token.encode()
-    assert rig.raw.exists(handle.result_key) == 0
+    assert rig.raw.get(handle.claim_key) == other.token.encode()  # the new owner's token: nothing stored
     other.complete(b"theirs")
     with pytest.raises(ClaimLostError):
         handle.complete(b"late")
@@ -484,32 +490,32 @@ def _completed(rig: Rig, flavour: str = "default") -> Any:
     return handle
 
 
-def test_forget_reply_lost_is_resent_and_reports_false_with_both_keys_gone(rig: Rig) -> None:
+def test_forget_reply_lost_is_resent_and_reports_false_with_the_record_gone(rig: Rig) -> None:
     """forget()'s reply is lost after it deleted; the re-send reports False and the key is open again."""
     handle = _completed(rig)
     rig.faults.lose_next_reply(handle.claim_key.encode())
     assert handle.forget() is False
     assert sent(rig.faults, handle.claim_key, "forget") == 2
-    assert rig.raw.exists(handle.claim_key, handle.result_key) == 0
+    assert rig.raw.exists(handle.claim_key) == 0
     assert isinstance(rig.claim(rig.client(), handle.key).acquire(), Claimed)
 
 
 def test_forget_cut_before_the_server_is_retried_once(rig: Rig) -> None:
-    """The connection drops before forget() reaches the server; redis-py's retry deletes both keys, True."""
+    """The connection drops before forget() reaches the server; redis-py's retry deletes the record, True."""
     handle = _completed(rig)
     rig.faults.drop_before(handle.claim_key.encode())
     assert handle.forget() is True
     assert sent(rig.faults, handle.claim_key, "forget") == 1
-    assert rig.raw.exists(handle.claim_key, handle.result_key) == 0
+    assert rig.raw.exists(handle.claim_key) == 0
 
 
 def test_forget_cut_without_retries_raises_and_deletes_nothing(rig: Rig) -> None:
-    """With retries off, forget() cut before the server raises; claim and result are both still there."""
+    """With retries off, forget() cut before the server raises; the record is still there, whole."""
     handle = _completed(rig, "no-retries")
     rig.faults.drop_before(handle.claim_key.encode())
     with pytest.raises(ConnectionFailedError):
         handle.forget()
-    assert rig.raw.exists(handle.claim_key, handle.result_key) == 2
+    assert rig.raw.get(handle.claim_key) == record(handle.token, b"stored")
     assert handle.forget() is True
 
 
@@ -523,7 +529,7 @@ def test_decorator_acquire_reply_lost_runs_once_without_waiting(rig: Rig) -> Non
     call is in flight (StillInFlightError at wait=0) and nothing runs twice.
     """
     work = rig.counted(rig.client(), wait=0)
-    key = claim_key(rig.ns, "evt")
+    key = record_key(rig.ns, "evt")
     rig.faults.lose_next_reply(key.encode())
     if rig.topology == "cluster":
         with pytest.raises(StillInFlightError):
@@ -558,7 +564,7 @@ def test_decorator_final_write_failing_without_retries_is_retried_by_the_decorat
     first = work("evt")
     assert rig.faults.armed() == 0
     assert rig.faults.count(match) == (1 if fault == "drop" else 2)
-    assert rig.raw.exists(result_key(rig.ns, "evt")) == 1
+    assert completed_record(rig.raw, rig.ns, "evt")
     assert work("evt") == first
     assert rig.runs("evt") == 1
 
@@ -576,7 +582,7 @@ def test_decorator_final_write_failing_for_the_whole_lease_raises_with_the_resul
     assert info.value.result == {"item": "evt", "run": 1, "marker": match.decode()}
     assert rig.faults.dropped(match) >= 2  # retried, not given up at the first error
     assert rig.faults.count(match) == 0
-    assert rig.raw.exists(result_key(rig.ns, "evt")) == 0
+    assert not completed_record(rig.raw, rig.ns, "evt")
     assert rig.runs("evt") == 1
 
 
@@ -584,39 +590,60 @@ def test_decorator_final_write_failing_for_the_whole_lease_raises_with_the_resul
 
 
 def _evicted(rig: Rig) -> Any:
-    handle = _completed(rig)
+    """A completed ``from_keys`` handle (two keys) whose result key is gone; the done marker stays."""
+    handle = rig.two_keys(rig.client(), unique())
+    assert isinstance(handle.acquire(), Claimed)
+    handle.complete(b"stored")
     rig.raw.delete(handle.result_key)  # what an allkeys-* eviction does to it
     return handle
 
 
+def _duplicate(rig: Rig, handle: Any) -> Any:
+    """Another caller's ``from_keys`` handle on the keys of ``handle``."""
+    if rig.run is None:
+        return Claim.from_keys(rig.client(), handle.claim_key, handle.result_key)
+    return SyncView(AsyncClaim.from_keys(rig.client(), handle.claim_key, handle.result_key), rig.run)
+
+
 def test_result_evicted_after_completion_acquire_raises_result_lost(rig: Rig) -> None:
-    """The claim says done but the result is gone: acquire() raises ResultLostError, claiming nothing."""
+    """Two keys (from_keys): the claim says done but the result is gone: acquire() raises ResultLostError."""
     handle = _evicted(rig)
     with pytest.raises(ResultLostError) as info:
-        rig.claim(rig.client(), handle.key).acquire()
+        _duplicate(rig, handle).acquire()
     assert info.value.key == handle.key
     assert rig.raw.exists(handle.result_key) == 0
+    assert rig.raw.get(handle.claim_key) != handle.token.encode()  # the marker stays: nothing was claimed
 
 
 def test_result_evicted_after_completion_wait_raises_result_lost_at_once(rig: Rig) -> None:
-    """The claim says done but the result is gone: wait() raises ResultLostError at once, not at its deadline."""
+    """Two keys (from_keys): the claim says done, the result is gone: wait() raises ResultLostError at once."""
     handle = _evicted(rig)
     started = time.monotonic()
     with pytest.raises(ResultLostError):
-        rig.claim(rig.client(), handle.key).wait(timeout=10)
+        _duplicate(rig, handle).wait(timeout=10)
     assert time.monotonic() - started < 2
 
 
-def test_result_evicted_decorator_raises_result_lost_without_waiting_or_running(rig: Rig) -> None:
-    """The decorator's stored result is gone: a duplicate raises ResultLostError at once; nothing runs again."""
+def test_record_evicted_after_completion_reopens_the_work(rig: Rig) -> None:
+    """One key: the completed record is evicted: the work is free again; the next acquire() is Claimed."""
+    handle = _completed(rig)
+    rig.raw.delete(handle.claim_key)  # what an allkeys-* eviction does to the record
+    again = rig.claim(rig.client(), handle.key)
+    assert isinstance(again.acquire(), Claimed)
+    assert rig.raw.get(again.claim_key) == again.token.encode()
+
+
+def test_record_evicted_decorator_runs_again_at_once(rig: Rig) -> None:
+    """The decorator's record is evicted: the work is free again; a duplicate runs it at once, stored anew."""
     work = rig.counted(rig.client(), wait=10)
-    work("evt")
-    rig.raw.delete(result_key(rig.ns, "evt"))
+    assert work("evt")["run"] == 1
+    rig.raw.delete(record_key(rig.ns, "evt"))
     started = time.monotonic()
-    with pytest.raises(ResultLostError):
-        work("evt")
+    assert work("evt")["run"] == 2
     assert time.monotonic() - started < 2
-    assert rig.runs("evt") == 1
+    assert completed_record(rig.raw, rig.ns, "evt")
+    assert work("evt")["run"] == 2
+    assert rig.runs("evt") == 2
 
 
 # --------------------------------------------------------------------------- key-expiry hygiene
@@ -654,7 +681,9 @@ def test_every_key_the_sdk_writes_has_a_ttl(rig: Rig) -> None:
     held.acquire()
     with pytest.raises(StillInFlightError):
         rig.counted(client, wait=0)("held-by-hand")
-    assert len(list(rig.raw.scan_iter(match=f"{rig.ns}:*"))) >= 10
+    # One key per idempotency key (two for the from_keys handle): in flight, completed,
+    # extended, evicted, taken over, "ok", "declined", "held-by-hand".
+    assert len(list(rig.raw.scan_iter(match=f"{rig.ns}:*"))) >= 8
     # The rig fixture asserts that no key under the namespace lacks a TTL.
 
 
@@ -1028,9 +1057,10 @@ def _pause_sync(
     handle.complete(b"done")
     first.join()
     duplicate.join()
-    stored = admin.get(handle.result_key)
+    value = stored(admin, handle)
+    assert value is not None
     client.close()
-    return stored, answers, keeper.renewals
+    return value, answers, keeper.renewals
 
 
 async def _pause_async(
@@ -1057,6 +1087,7 @@ async def _pause_async(
     assert not keeper.lost
     await handle.complete(b"done")
     answers = list(await asyncio.gather(first, duplicate))
-    stored = admin.get(handle.result_key)
+    value = stored(admin, handle)
+    assert value is not None
     await client.aclose()
-    return stored, answers, keeper.renewals
+    return value, answers, keeper.renewals

@@ -14,7 +14,9 @@ from goblin_claim import InvalidArgumentError, InvalidArgumentTypeError
 from goblin_claim._http import (
     Answer,
     abandoned_payload,
+    claim_token,
     documented,
+    holder_fp,
     make_options,
     owner_of,
     parse_key,
@@ -207,3 +209,16 @@ def test_a_fingerprint_function_decides_and_a_bad_strategy_is_refused() -> None:
     assert _fp("application/json", b'{"amount": 5, "note": "x"}', **by_amount) == _fp(None, b"other", **by_amount)
     with pytest.raises(InvalidArgumentError, match="fingerprint must be one of"):
         make_options(fingerprint="xml")
+
+
+def test_the_holders_fingerprint_is_read_from_a_token_in_flight_and_a_records_token() -> None:
+    """holder_fp finds the fingerprint after a token's last dot (in flight, or a record's token); else None."""
+    fp = "0123456789abcdef0123456789abcdef"
+    tokens = [claim_token(fp) for _ in range(200)]
+    assert len(set(tokens)) == 200
+    for token in tokens:  # URL-safe random characters never hold a dot: the fingerprint is what follows it
+        assert holder_fp(token) == fp
+        assert holder_fp(token.encode()) == fp
+    assert holder_fp(b"done " + tokens[0].encode()) == fp  # a from_keys claim key's done marker
+    assert holder_fp(b"a-raw-writer") is None  # no fingerprint: the duplicate waits, then compares the envelope
+    assert holder_fp(None) is None

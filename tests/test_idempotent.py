@@ -9,7 +9,10 @@ import asyncio
 import dataclasses
 import datetime
 import functools
+import hashlib
 import inspect
+import json
+import re
 import threading
 import time
 import uuid
@@ -33,7 +36,7 @@ from goblin_claim import (
     idempotent,
 )
 from goblin_claim.testing import fake_async_redis, fake_redis
-from tests.conftest import ALL_BACKENDS, Backend, Deco, unique
+from tests.conftest import ALL_BACKENDS, Backend, Deco, record, unique
 
 # Also on redis-server with the reference module loaded (the SDK takes the native path).
 BACKENDS = ALL_BACKENDS
@@ -160,7 +163,7 @@ def test_unserializable_result_fails_closed(deco: Deco) -> None:
     with pytest.raises(ResultNotSerializableError) as first:
         wrapped("k")
     assert first.value.result is made
-    assert deco.raw.ttl(f"{namespace}:{{k}}:result") > 0
+    assert deco.raw.ttl(f"{namespace}:{{k}}") > 0  # the outcome is kept, as a record, for the ttl
     with pytest.raises(ResultNotSerializableError, match="could not be kept") as duplicate:
         wrapped("k")
     assert duplicate.value.result is None
@@ -217,20 +220,19 @@ def test_bytes_results_round_trip_exactly(deco: Deco, value: bytes) -> None:
 
 
 def test_foreign_value_at_result_key_is_a_clear_error(deco: Deco) -> None:
-    """A value written by someone else under the result key raises UnreadableResultError, never crashes."""
+    """A record whose value someone else wrote raises UnreadableResultError, never crashes, and is left as it is."""
     namespace = unique("ns")
-    deco.raw.set(f"{namespace}:{{k}}:claim", "someone", ex=30)
-    deco.raw.set(f"{namespace}:{{k}}:result", "plain text")
-    calls, record = counter()
+    deco.raw.set(f"{namespace}:{{k}}", record("someone", "plain text"), ex=30)
+    calls, note = counter()
 
     def work(k: str) -> str:
-        record(k)
+        note(k)
         return "mine"
 
     with pytest.raises(UnreadableResultError):
         deco(work, key="k", namespace=namespace)("k")
     assert calls == []
-    assert deco.raw.get(f"{namespace}:{{k}}:result") == b"plain text"
+    assert deco.raw.get(f"{namespace}:{{k}}") == record("someone", "plain text")
 
 
 # --------------------------------------------------------------------------- keys and namespaces
@@ -285,7 +287,7 @@ def test_default_namespace_is_module_and_qualname(backend: Backend) -> None:
 
     idempotent(client, key="k")(work)("abc")
     prefix = f"{work.__module__}.{work.__qualname__}:"
-    assert client.get(prefix + "{abc}:claim") is not None
+    assert client.get(prefix + "{abc}") is not None
 
 
 # --------------------------------------------------------------------------- fingerprints
@@ -303,6 +305,75 @@ def test_mismatch_after_completion(deco: Deco) -> None:
         wrapped("o", 6)
     assert info.value.key == "o"
     assert wrapped("o", 5) == 5
+
+
+def test_the_record_carries_the_fingerprint_in_its_token(deco: Deco) -> None:
+    """The record is ``done <token>.<fingerprint> <envelope>``; the envelope names neither kind nor fp."""
+
+    def charge(order_id: str, amount: int) -> int:
+        return amount
+
+    assert deco(charge, key="order_id")("o", 5) == 5
+    marker, token, envelope = deco.raw.get(f"{deco.namespace}:{{o}}").split(b" ", 2)
+    assert marker == b"done"
+    assert re.fullmatch(rb"[A-Za-z0-9_-]{16}-[0-9a-f]+\.[0-9a-f]{16}", token)
+    assert json.loads(envelope) == {"goblin": 1, "value": 5}
+
+
+def test_mismatch_after_a_wait_is_read_from_the_record(deco: Deco) -> None:
+    """A duplicate that waited and then finds the record of other arguments raises PayloadMismatchError."""
+    calls, record_call = counter()
+
+    def charge(order_id: str, amount: int) -> int:
+        record_call(amount)
+        return amount
+
+    wrapped = deco(charge, key="order_id", wait=10)
+    assert wrapped("o", 5) == 5
+    key = f"{deco.namespace}:{{o}}"
+    first = deco.raw.get(key)
+    for amount in (6, 5):
+        # In flight under a token that carries no fingerprint: only the record can tell.
+        deco.raw.set(key, "a-holder", ex=30)
+        timer = threading.Timer(0.3, deco.raw.set, (key, first), {"ex": 600})
+        started = time.monotonic()
+        timer.start()
+        try:
+            if amount == 6:
+                with pytest.raises(PayloadMismatchError):
+                    wrapped("o", amount)
+            else:
+                assert wrapped("o", amount) == 5
+        finally:
+            timer.join()
+        assert time.monotonic() - started >= 0.25  # it waited: the record came after the claim's reply
+    assert calls == [5]
+
+
+def test_an_envelope_of_the_previous_format_is_still_read(deco: Deco) -> None:
+    """Envelopes naming their kind and the previous 32-digit fp replay to the same arguments, refuse others."""
+    calls, record_call = counter()
+
+    def charge(order_id: str, amount: int) -> int:
+        record_call(amount)
+        return amount
+
+    wrapped = deco(
+        charge, key="order_id", fingerprint=lambda order_id, amount: str(amount), replay_errors=(CardDeclined,)
+    )
+    earlier_fp = hashlib.sha256(b"5").hexdigest()[:32]  # what the previous format stored for amount=5
+    result = {"goblin": 1, "kind": "result", "fp": earlier_fp, "value": 5}
+    error = {"goblin": 1, "kind": "error", "fp": earlier_fp, "error": {"type": "shop.CardDeclined", "message": "no"}}
+    deco.raw.set(f"{deco.namespace}:{{r}}", record("an-earlier-owner", json.dumps(result)), ex=600)
+    deco.raw.set(f"{deco.namespace}:{{e}}", record("an-earlier-owner", json.dumps(error)), ex=600)
+    assert wrapped("r", 5) == 5
+    with pytest.raises(ReplayedError) as replayed:
+        wrapped("e", 5)
+    assert (replayed.value.type_name, replayed.value.message) == ("shop.CardDeclined", "no")
+    for order_id in ("r", "e"):
+        with pytest.raises(PayloadMismatchError):
+            wrapped(order_id, 6)
+    assert calls == []
 
 
 def test_fingerprint_none_and_custom(deco: Deco) -> None:
@@ -742,7 +813,7 @@ def test_keep_alive_marks_a_lost_claim(driver_kind: str, backend: Backend) -> No
         assert keeper.lost
         with pytest.raises(ClaimLostError):
             claim.complete(b"late")
-        assert client.exists(claim.result_key) == 0
+        assert client.get(claim.claim_key) == b"other-owner"  # owner-checked: no record written over it
         return
 
     async def scenario() -> None:
@@ -755,7 +826,7 @@ def test_keep_alive_marks_a_lost_claim(driver_kind: str, backend: Backend) -> No
         assert keeper.lost
         with pytest.raises(ClaimLostError):
             await claim.complete(b"late")
-        assert await client.exists(claim.result_key) == 0
+        assert await client.get(claim.claim_key) == b"other-owner"
         await client.aclose()
 
     asyncio.run(scenario())
@@ -841,35 +912,16 @@ def test_async_keep_alives_start_no_task_until_a_renewal_is_due(backend: Backend
     asyncio.run(scenario())
 
 
-def test_a_keep_alive_started_before_its_claim_is_held_counts_no_loss_until_armed(backend: Backend) -> None:
-    """Renewals begun before the claim is known to be held find another holder and lose nothing.
-
-    Sync @idempotent starts renewing while its claim is on the wire (``_early``); a
-    renewal that finds another holder then writes nothing and counts no loss, until
-    ``_begin`` arms it. (The asyncio keep-alive begins only once the claim is held.)
-    """
-    from goblin_claim import Claim
-    from goblin_claim._keepalive import _renewer
-
-    client = backend.sync()
-    claim = Claim(client, unique(), lease=3)
-    client.set(claim.claim_key, "other-owner", ex=30)
-    keeper = claim.keep_alive(interval=0.1)
-    keeper._early()
-    keeper._early()  # once only
-    time.sleep(0.45)
-    assert not keeper.lost
-    assert client.get(claim.claim_key) == b"other-owner"  # owner-checked: nothing written
-    keeper._begin()  # armed; already renewing, so not registered a second time
-    assert list(_renewer()._live.values()).count(keeper) == 1
-    time.sleep(0.6)
-    keeper._end()
-    assert keeper.lost
-
-
 def test_duplicates_leave_nothing_with_the_renewer(backend: Backend) -> None:
-    """A duplicate's keep-alive (registered while its claim was on the wire) is gone when the call returns."""
-    from goblin_claim._keepalive import _renewer
+    """A duplicate starts no keep-alive: the renewer never holds one of this function's claims."""
+    from goblin_claim._keepalive import _Renewer, _renewer
+
+    added: list[str] = []
+    real_add = _Renewer.add
+
+    def counting_add(renewer: _Renewer, keeper: Any) -> None:
+        added.append(keeper._claim.claim_key)
+        real_add(renewer, keeper)
 
     client = backend.sync()
     calls: list[str] = []
@@ -880,9 +932,13 @@ def test_duplicates_leave_nothing_with_the_renewer(backend: Backend) -> None:
         calls.append(k)
         return "v"
 
-    for _ in range(51):
-        assert work("a") == "v"
+    assert work("a") == "v"  # the first call: its keep-alive comes and goes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_Renewer, "add", counting_add)
+        for _ in range(50):
+            assert work("a") == "v"
     assert calls == ["a"]
+    assert [key for key in added if key.startswith(f"{namespace}:")] == []
     # Other tests' keep-alives may come and go meanwhile: look for this function's only.
     assert [k for k in list(_renewer()._live.values()) if k._claim.claim_key.startswith(f"{namespace}:")] == []
 
@@ -922,7 +978,7 @@ def test_a_keep_alive_that_cannot_start_stores_nothing_and_gives_the_claim_back(
         with pytest.raises(RenewerDown):
             work("a")
         assert runs == []
-        assert client.exists(f"{namespace}:{{a}}:claim", f"{namespace}:{{a}}:result") == 0
+        assert client.exists(f"{namespace}:{{a}}") == 0
         monkeypatch.undo()
         assert [work("a"), work("a")] == ["done a", "done a"]
         assert runs == ["a"]
@@ -942,7 +998,7 @@ def test_a_keep_alive_that_cannot_start_stores_nothing_and_gives_the_claim_back(
         with pytest.raises(RenewerDown):
             await attempt()
         assert runs == []
-        assert await client.exists(f"{namespace}:{{a}}:claim", f"{namespace}:{{a}}:result") == 0
+        assert await client.exists(f"{namespace}:{{a}}") == 0
         monkeypatch.undo()
         await attempt()
         await attempt()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from goblin_claim import Claim, Claimed, ClaimLostError, Completed
-from tests.conftest import ALL_BACKENDS, Driver, unique
+from tests.conftest import ALL_BACKENDS, Driver, stored, unique
 
 BACKENDS = ALL_BACKENDS
 
@@ -130,9 +130,36 @@ def test_a_fenced_complete_is_refused_when_a_same_token_owner_took_over(driver: 
     assert isinstance(second.acquire(), Claimed)
     with pytest.raises(ClaimLostError):
         first.complete(b"stale")
-    assert driver.raw.exists(first.result_key) == 0
+    assert stored(driver.raw, first) is None
+    assert driver.raw.get(first.claim_key) == b"worker-3"  # the second owner's claim, untouched
     second.complete(b"fresh")
     assert driver.claim(key).acquire() == Completed(key=key, value=b"fresh")
+
+
+def test_a_stale_fenced_owner_is_refused_after_the_next_record_was_forgotten(driver: Driver) -> None:
+    """Fenced: A lapses, B completes (the counter goes with it), the record is forgotten: A's late complete is refused.
+
+    Refused again once a newer owner is numbered by the clock; nothing A sends is ever stored.
+    """
+    key = unique()
+    stale = driver.claim(key, fencing=True, lease=30)
+    assert isinstance(stale.acquire(), Claimed)
+    _lapse(driver, stale)
+    fresh = driver.claim(key, fencing=True)
+    assert isinstance(fresh.acquire(), Claimed)
+    fresh.complete(b"fresh")
+    with pytest.raises(ClaimLostError):
+        stale.complete(b"stale")
+    assert stored(driver.raw, stale) == b"fresh"
+    assert driver.claim(key).forget() is True
+    with pytest.raises(ClaimLostError):
+        stale.complete(b"stale")
+    assert driver.raw.exists(stale.claim_key) == 0
+    newer = driver.claim(key, fencing=True)
+    assert isinstance(newer.acquire(), Claimed)
+    with pytest.raises(ClaimLostError):
+        stale.complete(b"stale")
+    assert driver.raw.get(stale.claim_key) == newer.token.encode()
 
 
 @pytest.mark.parametrize("fencing", [False, True], ids=["unfenced", "fenced"])
@@ -180,13 +207,13 @@ def _race_once(driver: Driver) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    stored = driver.raw.get(stale.result_key)
+    kept = stored(driver.raw, stale)
     if results["late"] == "stored":
         assert isinstance(results["other"], Completed), results  # it ran nothing
-        assert stored == b"stale"
+        assert kept == b"stale"
     else:
         assert isinstance(results["other"], Claimed), results
-        assert stored == b"fresh"
+        assert kept == b"fresh"
 
 
 @pytest.mark.parametrize("driver", ["sync"], indirect=True)

@@ -30,7 +30,7 @@ from goblin_claim import (
 from goblin_claim._core import NATIVE_COMMANDS, build_keys
 from goblin_claim._server import state_of
 from tests import servers
-from tests.conftest import Driver, unique
+from tests.conftest import Driver, record, unique
 
 
 def commandstats(client: Any) -> dict[str, int]:
@@ -90,7 +90,7 @@ def test_sdk_sends_goblin_claim_and_cad_where_the_module_is_loaded(native_client
     assert found >= frozenset(NATIVE_COMMANDS)
     assert stats.get("goblin.claim") == 2
     assert stats.get("delifeq" if "DELIFEQ" in found else "goblin.cad") == 1
-    assert stats.get("evalsha") == 1  # after the native nil, the in-flight duplicate reads the holder once
+    assert stats.get("evalsha") == 1  # GOBLIN.CLAIM answered the holder's token: the duplicate peeks once
 
 
 @pytest.mark.parametrize(
@@ -127,37 +127,68 @@ def test_sdk_on_the_module_cluster_routes_native_commands_to_each_keys_node(
 
 # --------------------------------------------------------------------------- the same outcomes on both paths
 
-# What the keys hold before a duplicate (token worker-9) calls acquire().
-SCENARIOS: dict[str, Callable[[redis.Redis, str, str], object]] = {
-    "fresh": lambda raw, claim, result: None,
-    "held by another token": lambda raw, claim, result: raw.set(claim, "worker-3", ex=30),
-    "held by this token (a re-sent acquire)": lambda raw, claim, result: raw.set(claim, "worker-9", ex=30),
-    "completed": lambda raw, claim, result: (
-        raw.set(claim, "done worker-3", ex=60),
-        raw.set(result, "charged:txn_551", ex=60),
+# What the keys hold before a duplicate (token worker-9) calls acquire(), and the layout:
+# "one" is the default handle's one key (build_keys gives it as both names), "two" a
+# from_keys handle on the seed's two keys (a done marker in the claim key, the value in
+# the result key), whose lost result and non-string result only that layout can have.
+SCENARIOS: dict[str, tuple[str, Callable[[redis.Redis, str, str], object]]] = {
+    "fresh": ("one", lambda raw, claim, result: None),
+    "held by another token": ("one", lambda raw, claim, result: raw.set(claim, "worker-3", ex=30)),
+    "held by this token (a re-sent acquire)": ("one", lambda raw, claim, result: raw.set(claim, "worker-9", ex=30)),
+    "completed": ("one", lambda raw, claim, result: raw.set(claim, record("worker-3", "charged:txn_551"), ex=60)),
+    "completed by this token": ("one", lambda raw, claim, result: raw.set(claim, record("worker-9", "v"), ex=60)),
+    "claim key a hash": ("one", lambda raw, claim, result: raw.hset(claim, "f", "v")),
+    "two keys: fresh": ("two", lambda raw, claim, result: None),
+    "two keys: held by another token": ("two", lambda raw, claim, result: raw.set(claim, "worker-3", ex=30)),
+    "two keys: held by this token (a re-sent acquire)": (
+        "two",
+        lambda raw, claim, result: raw.set(claim, "worker-9", ex=30),
     ),
-    "completed, result lost": lambda raw, claim, result: raw.set(claim, "done worker-3", ex=60),
-    "held, result a hash": lambda raw, claim, result: (raw.set(claim, "worker-3", ex=30), raw.hset(result, "f", "v")),
-    "claim key a hash": lambda raw, claim, result: raw.hset(claim, "f", "v"),
+    "two keys: completed": (
+        "two",
+        lambda raw, claim, result: (
+            raw.set(claim, "done worker-3", ex=60),
+            raw.set(result, "charged:txn_551", ex=60),
+        ),
+    ),
+    "two keys: completed, result lost": ("two", lambda raw, claim, result: raw.set(claim, "done worker-3", ex=60)),
+    "two keys: held, result a hash": (
+        "two",
+        lambda raw, claim, result: (raw.set(claim, "worker-3", ex=30), raw.hset(result, "f", "v")),
+    ),
+    "two keys: claim key a hash": ("two", lambda raw, claim, result: raw.hset(claim, "f", "v")),
 }
 
 
-def _acquire(kind: str, port: int, key: str, native: str) -> object:
+def _keys(layout: str, key: str) -> tuple[str, str]:
+    """The claim and result keys of ``key`` on ``layout``: the default's one key, or two in one slot."""
+    if layout == "one":
+        return build_keys("goblin", key)
+    return f"goblin:{{{key}}}:claim", f"goblin:{{{key}}}:result"
+
+
+def _acquire(kind: str, port: int, layout: str, key: str, native: str) -> object:
     """The outcome of one acquire() by token worker-9 (its key blanked), or the error's class name."""
+    claim_key, result_key = _keys(layout, key)
+    options: Any = {"token": "worker-9", "native": native}
 
     async def run_async() -> object:
         client = redis.asyncio.Redis(host=servers.HOST, port=port)
         try:
-            return await AsyncClaim(client, key, token="worker-9", native=native).acquire()  # type: ignore[arg-type]
+            if layout == "one":
+                return await AsyncClaim(client, key, **options).acquire()
+            return await AsyncClaim.from_keys(client, claim_key, result_key, **options).acquire()
         finally:
             await client.aclose()
 
     client = redis.Redis(host=servers.HOST, port=port)
     try:
-        if kind == "sync":
-            outcome: Any = Claim(client, key, token="worker-9", native=native).acquire()  # type: ignore[arg-type]
+        if kind == "async":
+            outcome: Any = asyncio.run(run_async())
+        elif layout == "one":
+            outcome = Claim(client, key, **options).acquire()
         else:
-            outcome = asyncio.run(run_async())
+            outcome = Claim.from_keys(client, claim_key, result_key, **options).acquire()
     except (ResultLostError, WrongTypeError) as exc:
         return type(exc).__name__
     finally:
@@ -170,14 +201,21 @@ def _acquire(kind: str, port: int, key: str, native: str) -> object:
 def test_script_and_native_paths_give_the_same_outcomes(
     with_module: servers.RedisProcess, native_client: redis.Redis, scenario: str, kind: str
 ) -> None:
-    """On the module's server, native="never" (scripts) and native="always" (the module) agree, keys included."""
+    """On the module's server, native="never" (scripts) and native="always" (the module) agree, keys included.
+
+    On the default one key and, through ``from_keys`` handles, on the seed's two keys.
+    """
+    layout, setup = SCENARIOS[scenario]
     seen, ttls = {}, {}
     for native in ("never", "always"):
         key = unique()
-        claim_key, result_key = build_keys("goblin", key)
-        SCENARIOS[scenario](native_client, claim_key, result_key)
-        outcome = _acquire(kind, with_module.port, key, native)
-        held = native_client.get(claim_key) if native_client.type(claim_key) == b"string" else None
+        claim_key, result_key = _keys(layout, key)
+        setup(native_client, claim_key, result_key)
+        outcome = _acquire(kind, with_module.port, layout, key, native)
+        held = [
+            native_client.get(name) if native_client.type(name) == b"string" else None
+            for name in (claim_key, result_key)
+        ]
         seen[native] = (outcome, held)
         ttls[native] = native_client.ttl(claim_key)
     assert seen["never"] == seen["always"], seen

@@ -165,12 +165,21 @@ def test_protocol_markers_are_refused_as_tokens_before_anything_is_written(drive
         driver.claim(key, token=token)
     with pytest.raises(InvalidArgumentError):
         driver.from_keys(f"c:{{{key}}}", f"r:{{{key}}}", token=token)
-    assert driver.raw.exists(f"goblin:{{{key}}}:claim", f"c:{{{key}}}") == 0
+    assert driver.raw.exists(f"goblin:{{{key}}}", f"c:{{{key}}}") == 0
 
 
 @pytest.mark.parametrize("fencing", [False, True], ids=["unfenced", "fenced"])
 def test_a_raw_holder_reading_claimed_is_in_flight_for_every_handle(driver: Driver, fencing: bool) -> None:
-    """Raw code put the literal CLAIMED in claim_key: every handle is InFlight, none takes it for a win."""
+    """Raw code put the literal CLAIMED in claim_key: every handle is InFlight, none takes it for a win.
+
+    claim.lua (and the fenced claim) answer a holder inside a list, so it never reads as
+    the win. ``GOBLIN.CLAIM k k`` on the one-key record answers the holder itself, as the
+    seed prescribes, and a holder named CLAIMED is then the seed's own ambiguity: the SDK
+    refuses that token (``test_protocol_markers_are_refused_as_tokens_before_anything_is_written``)
+    and the README says raw code must not hold it.
+    """
+    if driver.backend.native and not fencing:
+        pytest.skip("GOBLIN.CLAIM k k answers a holder named CLAIMED as the seed's win reply")
     key = unique()
     probe = driver.claim(key, fencing=fencing)
     driver.raw.set(probe.claim_key, b"CLAIMED", ex=30)

@@ -47,7 +47,7 @@ from goblin_claim._core import (
 from goblin_claim._server import state_of
 from goblin_claim.testing import fake_redis
 from tests import servers
-from tests.conftest import IN_CI, Driver, Runner, SyncView, unique
+from tests.conftest import IN_CI, Driver, Runner, SyncView, stored, unique
 from tests.proxy import FaultProxy, Faults
 
 # Valkey 9 has the owner checks; Debian's redis-server 7 has neither.
@@ -144,7 +144,7 @@ def _extend_completed(claim: Callable[..., Any], raw: Any, key: str) -> object:
     handle.complete(b"done")
     with pytest.raises(ClaimLostError):
         handle.extend()
-    return raw.get(handle.result_key)
+    return stored(raw, handle)
 
 
 def _extend_wrong_type(claim: Callable[..., Any], raw: Any, key: str) -> object:
@@ -176,7 +176,7 @@ def _release_completed(claim: Callable[..., Any], raw: Any, key: str) -> object:
     handle = claim(key)
     handle.acquire()
     handle.complete(b"done")
-    return (handle.release(), raw.get(handle.result_key))
+    return (handle.release(), stored(raw, handle))
 
 
 def _release_wrong_type(claim: Callable[..., Any], raw: Any, key: str) -> object:

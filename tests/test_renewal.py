@@ -215,7 +215,7 @@ def test_a_stalled_server_never_delays_renewals_on_another(world: World, figures
     else:
         outcome = asyncio.run(_stall_async(world, how, namespace, item))
     runs, answers, healthy, victim, watch, resumed = outcome
-    job_claim = f"{namespace}:{{{item}}}:claim"
+    job_claim = f"{namespace}:{{{item}}}"
     assert runs == [item]  # exactly once, though the work outlived the lease and the stall
     assert len(answers) == 3
     assert answers[0] == answers[1] == answers[2]
@@ -259,7 +259,7 @@ def _stall_sync(world: World, how: str, namespace: str, item: str) -> tuple[Any,
     victim = Claim(bad, world.stalled_key(), lease=LEASE)
     assert isinstance(healthy.acquire(), Claimed)
     assert isinstance(victim.acquire(), Claimed)
-    watch = Watch(world.admin, [healthy.claim_key, f"{namespace}:{{{item}}}:claim"])
+    watch = Watch(world.admin, [healthy.claim_key, f"{namespace}:{{{item}}}"])
     callers[0].start()
     assert started.wait(10)
     with healthy.keep_alive() as kept, victim.keep_alive() as doomed:
@@ -301,7 +301,7 @@ async def _stall_async(world: World, how: str, namespace: str, item: str) -> tup
     victim = AsyncClaim(bad, world.stalled_key(), lease=LEASE)
     assert isinstance(await healthy.acquire(), Claimed)
     assert isinstance(await victim.acquire(), Claimed)
-    watch = Watch(world.admin, [healthy.claim_key, f"{namespace}:{{{item}}}:claim"])
+    watch = Watch(world.admin, [healthy.claim_key, f"{namespace}:{{{item}}}"])
     first = asyncio.create_task(job(item))
     await asyncio.wait_for(started.wait(), 10)
     async with healthy.keep_alive() as kept, victim.keep_alive() as doomed:

@@ -141,7 +141,9 @@ class Weird:
 def stored_replay(annotation: Any, value: Any) -> Any:
     """Encode ``value`` under ``annotation`` and decode the envelope again: what a duplicate gets."""
     codec: Codec[Any] = Codec(annotation)
-    envelope = codec.decode(codec.encode_result(value, None, "k"), "k")
+    raw = codec.encode_result(value, None, "k")
+    assert raw.startswith(b'{"goblin":1,"value":')  # stored without "kind" and without "fp"
+    envelope = codec.decode(raw, "k")
     assert isinstance(envelope, ResultEnvelope)
     return envelope.value
 
@@ -377,6 +379,7 @@ def test_whatever_any_stores_replays_exactly(value: Any) -> None:
         raw = codec.encode_result(value, None, "k")
     except ResultNotSerializableError:
         return
+    assert raw.startswith(b'{"goblin":1,"value":')
     envelope = codec.decode(raw, "k")
     assert isinstance(envelope, ResultEnvelope)
     assert shape(envelope.value) == shape(value)
@@ -437,9 +440,11 @@ THROUGH_THE_DECORATOR = [
 ]
 
 
-def result_key(deco: Deco, key: str) -> str:
-    """The result key the decorator writes for ``key`` in the fixture's namespace."""
-    return f"{deco.namespace}:{{{key}}}:result"
+def stored_envelope(deco: Deco, key: str) -> Any:
+    """The envelope the decorator's record holds for ``key`` in the fixture's namespace (``done <token> <env>``)."""
+    raw = deco.raw.get(f"{deco.namespace}:{{{key}}}")
+    assert raw.startswith(b"done ")
+    return json.loads(raw.split(b" ", 2)[2])
 
 
 @pytest.mark.parametrize(
@@ -461,7 +466,7 @@ def test_decorated_results_that_would_replay_differently_inside_fail_closed(
     with pytest.raises(ResultNotSerializableError, match="would not replay as it ran") as first:
         wrapped("k")
     assert first.value.result is value
-    stored = json.loads(deco.raw.get(result_key(deco, "k")))
+    stored = stored_envelope(deco, "k")
     assert stored["kind"] == "unstorable"
     for _ in range(3):
         with pytest.raises(ResultNotSerializableError, match="could not be kept") as duplicate:
@@ -486,6 +491,7 @@ def test_decorated_well_typed_results_replay_exactly(deco: Deco, annotation: Any
     work.__annotations__ = {"k": str, "return": annotation}
     wrapped = deco(work, key="k")
     assert wrapped("k") is value
+    assert set(stored_envelope(deco, "k")) == {"goblin", "value"}  # no "kind", no "fp": the token carries it
     replays = [wrapped("k") for _ in range(3)]
     assert [shape(replay) for replay in replays] == [shape(value)] * 3
     assert calls == ["k"]

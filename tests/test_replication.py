@@ -23,7 +23,7 @@ import redis.asyncio
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, NotReplicatedError
 from goblin_claim.testing import fake_redis
 from tests import servers
-from tests.conftest import _binary, _valkey_binary, unique
+from tests.conftest import _binary, _valkey_binary, record, unique
 
 FAST_SYNC = ("--repl-diskless-sync-delay", "0")
 # Short: every WAIT against the frozen replica runs out.
@@ -90,29 +90,31 @@ def test_completed_read_back_is_not_reported_replicated_while_the_replica_lags(
     _thaw(pair)
     assert Claim(client, key, replicas=1, replica_timeout_ms=10000).acquire() == Completed(key=key, value=b"charged")
     with contextlib.closing(pair[1].client()) as replica:
-        assert replica.get(owner.result_key) == b"charged"
+        assert replica.get(owner.claim_key) == record(owner.token, b"charged")
 
 
 def test_read_back_changes_neither_value_nor_expiry(client: redis.Redis) -> None:
-    """The rewrite behind a read-back keeps the result, the done marker and their expiries as they were."""
+    """The rewrite behind a read-back keeps the record and its expiry as they were."""
     key = unique()
     owner = Claim(client, key, ttl=1000, replicas=1, replica_timeout_ms=5000)
     owner.acquire()
     owner.complete(b"charged")
-    before = (client.get(owner.claim_key), client.get(owner.result_key), client.pexpiretime(owner.claim_key))
+    before = (client.get(owner.claim_key), client.pexpiretime(owner.claim_key))
+    assert before[0] == record(owner.token, b"charged")
     assert Claim(client, key, replicas=1, replica_timeout_ms=5000).acquire() == Completed(key=key, value=b"charged")
-    after = (client.get(owner.claim_key), client.get(owner.result_key), client.pexpiretime(owner.claim_key))
+    after = (client.get(owner.claim_key), client.pexpiretime(owner.claim_key))
     assert after == before
 
 
 def test_a_result_beside_a_foreign_claim_key_is_read_back_keeping_its_expiry(client: redis.Redis) -> None:
-    """A result whose claim key is not a string (a raw writer's) is rewritten itself for the WAIT, expiry kept."""
+    """Two keys (from_keys): a raw result beside a non-string claim key is rewritten for the WAIT, expiry kept."""
     key = unique()
-    handle = Claim(client, key, replicas=1, replica_timeout_ms=5000)
+    claim_key, result_key = f"goblin:{{{key}}}:claim", f"goblin:{{{key}}}:result"
+    handle = Claim.from_keys(client, claim_key, result_key, replicas=1, replica_timeout_ms=5000)
     client.rpush(handle.claim_key, b"not a claim")
     client.set(handle.result_key, b"raw", ex=500)
     expires = client.pexpiretime(handle.result_key)
-    assert handle.acquire() == Completed(key=key, value=b"raw")
+    assert handle.acquire() == Completed(key=claim_key, value=b"raw")
     assert client.get(handle.result_key) == b"raw"
     assert client.pexpiretime(handle.result_key) == expires
 

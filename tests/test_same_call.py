@@ -26,7 +26,7 @@ import pydantic
 import pytest
 
 from goblin_claim import Claim, InvalidArgumentError, InvalidArgumentTypeError, PayloadMismatchError, _core, idempotent
-from goblin_claim._envelope import _canonical, fingerprint_of, fingerprint_parameters
+from goblin_claim._envelope import FINGERPRINT_CHARS, _canonical, fingerprint_of, fingerprint_parameters
 from goblin_claim._idempotent import default_namespace, module_name_of_path
 from goblin_claim.testing import fake_redis
 from tests.conftest import Deco
@@ -88,15 +88,20 @@ def test_secret_bytes_and_nested_secrets_count_by_their_value(deco: Deco) -> Non
 
 
 def test_secrets_are_never_stored_in_clear(deco: Deco) -> None:
-    """Neither the claim nor the stored result holds a secret argument, nor its plain hash."""
+    """Neither the claim (in flight) nor the record (completed) holds a secret argument, nor its plain hash."""
     secret = "4111111111111111"
+    key = f"{deco.namespace}:{{o-secret}}"
+    stored: list[bytes] = []
 
     def pay(order_id: str, card: Any) -> str:
+        stored.append(deco.raw.get(key))  # the owner's token, while the function runs
         return "paid"
 
     deco(pay, key="order_id")("o-secret", pydantic.SecretStr(secret))
-    stored = [deco.raw.get(f"{deco.namespace}:{{o-secret}}:{part}") for part in ("claim", "result")]
+    stored.append(deco.raw.get(key))
     assert all(stored)
+    assert not stored[0].startswith(b"done ")
+    assert stored[1].startswith(b"done ")
     plain_hash = hashlib.sha256(secret.encode()).hexdigest()
     for value in stored:
         assert secret.encode() not in value
@@ -387,7 +392,7 @@ def test_fingerprints_are_the_same_in_every_process() -> None:
         prints.add(result.stdout.strip())
     assert len(prints) == 1
     (value,) = prints
-    assert len(value) == 32
+    assert len(value) == FINGERPRINT_CHARS == 16
 
 
 # --------------------------------------------------------------------------- keys
@@ -405,10 +410,10 @@ def test_uuid_keys_use_their_canonical_text(deco: Deco) -> None:
     wrapped = deco(fetch, key="request_id")
     assert wrapped(request) == wrapped(uuid.UUID(str(request).upper())) == str(request)
     assert calls == [request]
-    assert deco.raw.get(f"{deco.namespace}:{{{request}}}:result") is not None
+    assert deco.raw.get(f"{deco.namespace}:{{{request}}}").startswith(b"done ")  # completed under that key
     by_function = deco(fetch, key=lambda request_id: request_id, namespace=deco.namespace + "-f")
     assert by_function(request) == str(request)
-    assert deco.raw.get(f"{deco.namespace}-f:{{{request}}}:result") is not None
+    assert deco.raw.get(f"{deco.namespace}-f:{{{request}}}").startswith(b"done ")
 
 
 def test_int_keys_from_a_key_function(deco: Deco) -> None:
@@ -419,7 +424,7 @@ def test_int_keys_from_a_key_function(deco: Deco) -> None:
 
     wrapped = deco(fetch, key=lambda order: order["id"])
     assert wrapped({"id": 42}) == 42
-    assert deco.raw.get(f"{deco.namespace}:{{42}}:result") is not None
+    assert deco.raw.get(f"{deco.namespace}:{{42}}").startswith(b"done ")
 
 
 @pytest.mark.parametrize("bad", [True, 4.0, b"raw", ("a",), Decimal(1)])

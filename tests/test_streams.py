@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, Completed, InvalidArgumentError
-from tests.conftest import ALL_BACKENDS, Driver, SyncView, unique
+from tests.conftest import ALL_BACKENDS, Driver, SyncView, stored, unique
 from tests.servers import HOST, RedisProcess
 
 BACKENDS = ALL_BACKENDS  # GOBLIN.CAD on real servers too: release_many picks it as release() does
@@ -49,7 +49,7 @@ def test_release_many_gives_back_only_this_handles_claims(driver: Driver) -> Non
 
     assert driver.raw.exists(a.claim_key, b.claim_key) == 0
     assert driver.raw.get(taken.claim_key) == b"another-token"
-    assert driver.raw.get(done.result_key) == b"receipt"
+    assert stored(driver.raw, done) == b"receipt"
     assert driver.claim(keys[3], namespace=namespace).acquire() == Completed(key=keys[3], value=b"receipt")
     assert isinstance(driver.claim(keys[0], namespace=namespace).acquire(), Claimed)  # free at once
 
@@ -182,7 +182,7 @@ def test_two_consumer_processes_and_a_kill_run_each_message_once(
             return {event: int(client.get(f"{namespace}:charges:{event}") or 0) for event in events}
 
         def completed(event: str) -> bool:
-            return bool(client.exists(Claim(client, event, namespace=namespace).result_key))
+            return stored(client, Claim(client, event, namespace=namespace)) is not None  # a record, not a token
 
         # Everything but the interrupted message completes long before its 30 s lease could lapse.
         _until(

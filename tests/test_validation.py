@@ -34,7 +34,7 @@ from goblin_claim import (
 from goblin_claim._core import check_value, client_kind, describe
 from goblin_claim._server import reply_encoding
 from goblin_claim.testing import fake_async_redis, fake_redis
-from tests.conftest import Backend, Driver, Runner, unique
+from tests.conftest import Backend, Driver, Runner, stored, unique
 
 HUGE = 10**400  # past float's range
 HUGER = 10**5000  # past Python's digit limit: repr() of it raises ValueError
@@ -202,7 +202,7 @@ def test_complete_refuses_lone_surrogates_before_io(driver: Driver, value: str) 
     assert isinstance(owner.acquire(), Claimed)
     with pytest.raises(InvalidArgumentError, match="surrogate"):
         owner.complete(value)
-    assert driver.raw.exists(owner.result_key) == 0
+    assert stored(driver.raw, owner) is None
     assert driver.raw.get(owner.claim_key) == owner.token.encode()
 
 
@@ -221,7 +221,7 @@ def test_decoding_client_refuses_non_utf8_bytes_at_complete(
     assert isinstance(owner.acquire(), Claimed)
     with pytest.raises(InvalidArgumentError, match="decode"):
         owner.complete(value)
-    assert driver.raw.exists(owner.result_key) == 0
+    assert driver.raw.get(owner.claim_key) == owner.token  # the token, no record (a decoding client)
     assert isinstance(driver.claim(key).acquire(), InFlight)  # duplicates can still read the key
 
 
@@ -558,9 +558,8 @@ class World:
         """An empty keyspace but for a claim in flight ("held") and a completed one ("done")."""
         self.raw.flushall()
         for namespace in ("goblin", "fz"):
-            self.raw.set(f"{namespace}:{{held}}:claim", "other", ex=600)
-            self.raw.set(f"{namespace}:{{done}}:claim", "done other", ex=600)
-            self.raw.set(f"{namespace}:{{done}}:result", "v", ex=600)
+            self.raw.set(f"{namespace}:{{held}}", "other", ex=600)
+            self.raw.set(f"{namespace}:{{done}}", "done other v", ex=600)
 
     def call(self, value: Any) -> Any:
         """``value``, awaited on the loop if it is awaitable."""

@@ -157,7 +157,10 @@ def test_script_flush_then_every_operation_works_again(clients: Clients) -> None
 
 
 def test_a_key_of_the_wrong_type_is_wrong_type_error(clients: Clients) -> None:
-    """Keys holding a set or a hash: WrongTypeError (not valkey-py's ResponseError), with the key; nothing changed."""
+    """Keys holding a set or a hash: WrongTypeError (not valkey-py's ResponseError), with the key; nothing changed.
+
+    The one key holding a set, and (a ``from_keys`` handle, two keys) a result key holding a hash.
+    """
     raw = _raw(clients)
     try:
         client = clients.client()
@@ -169,7 +172,10 @@ def test_a_key_of_the_wrong_type_is_wrong_type_error(clients: Clients) -> None:
             assert info.value.key == handle.key
             assert isinstance(info.value.__cause__, valkey.exceptions.ResponseError)
         assert set(raw.smembers(handle.claim_key)) == {b"m"}
-        owner = clients.claim(client, unique())
+        # A result key of its own holding a hash: only the two keys of from_keys can have one.
+        name = unique()
+        kind = Claim if clients.kind == "sync" else AsyncClaim
+        owner = kind.from_keys(client, f"claim:{{{name}}}", f"result:{{{name}}}")
         assert isinstance(clients.run(owner.acquire()), Claimed)
         raw.hset(owner.result_key, "f", "v")
         with pytest.raises(WrongTypeError):

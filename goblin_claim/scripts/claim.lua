@@ -14,6 +14,10 @@
 --   what claim_key holds (a token, ARGV[1] included, or the done marker of
 --   completed work whose result is gone), the milliseconds its lease has left,
 --   and the counter (false when there is none); {} if claim_key is not a string
+-- KEYS[1] == KEYS[2] is the one-key record (the SDK's default layout): the key holds
+--   the owner's token while the work runs, then "done <token> <value>" (the marker
+--   of complete.lua, a space and the value). A token read back is in flight, not
+--   a result: answered {holder, pttl} as for two keys; a record is answered whole.
 -- A holder equal to ARGV[1] is not answered CLAIMED here: this token's own
 -- re-sent claim and another handle given the same token look alike on the
 -- server, and only the client can know which one it sent.
@@ -42,6 +46,9 @@ if redis.call("set", KEYS[1], ARGV[1], "NX", "EX", ARGV[2]) then
   return {"CLAIMED", fence}
 end
 local result = redis.call("get", KEYS[2])
+if result and KEYS[1] == KEYS[2] and string.sub(result, 1, 5) ~= "done " then
+  result = false  -- the one-key record in flight: its holder's token
+end
 if result then
   if ARGV[4] == "wait" then
     -- The claim key is small; a result without one (a raw writer's) is rewritten itself.

@@ -18,6 +18,41 @@
 --   leave no trace), and with it when the counter is gone or the fence unknown
 -- Nothing is written unless the reply is 1. Safe to send twice. The claim is kept
 -- for ttl too, so completed work stays completed while its result lives.
+-- KEYS[1] == KEYS[2] is the one-key record (claim.lua): the token becomes
+--   "<marker> <value>" for ttl, and the replies are the same. With KEYS[3] the
+--   counter is deleted once the record is written: while the record lives nobody
+--   can claim, and after it the clock numbers the next owner (claim.lua).
+local wake = ARGV[5] == "publish" or ARGV[5] == "spublish"
+if KEYS[1] == KEYS[2] then
+  local held = redis.call("get", KEYS[1])
+  local mine = ARGV[4] .. " "
+  if held and held ~= ARGV[1] then
+    if string.sub(held, 1, #mine) ~= mine then
+      return 0  -- another token holds it, or another owner's record
+    end
+    if string.sub(held, #mine + 1) == ARGV[2] then
+      redis.call("set", KEYS[1], held, "KEEPTTL")  -- re-sent: rewritten unchanged for a WAIT
+      return 1
+    end
+    return 2
+  end
+  local counter = KEYS[3] and tonumber(redis.call("get", KEYS[3]))
+  local fence = KEYS[3] and tonumber(ARGV[6])
+  if counter and fence and counter ~= fence then
+    return 0
+  end
+  if not held and not (counter and fence) then
+    return 3
+  end
+  redis.call("set", KEYS[1], mine .. ARGV[2], "EX", ARGV[3])
+  if KEYS[3] then
+    redis.call("del", KEYS[3])
+  end
+  if wake then
+    redis.pcall(ARGV[5], KEYS[1], "done")
+  end
+  return 1
+end
 local holder = redis.call("get", KEYS[1])
 if holder ~= ARGV[1] and holder ~= ARGV[4] and holder then
   return 0
@@ -50,7 +85,7 @@ if holder ~= ARGV[4] then
 end
 redis.call("set", KEYS[2], ARGV[2], "EX", ARGV[3])
 redis.call("set", KEYS[1], ARGV[4], "EX", ARGV[3])
-if ARGV[5] == "publish" or ARGV[5] == "spublish" then
+if wake then
   -- pcall: the writes above are done and stay (scripts are not rolled back); a
   -- user without pub/sub must still be told so. Waiters then find it by polling.
   redis.pcall(ARGV[5], KEYS[1], "done")

@@ -1,4 +1,4 @@
--- KEYS[1] claim_key, KEYS[2] result_key: read only
+-- KEYS[1] claim_key, KEYS[2] result_key: read only (one key, the record, as in claim.lua)
 -- ARGV none
 -- returns what claim.lua answers when it does not claim: the stored value
 --   (WRONGTYPE if result_key is not a string), or, while there is none,
@@ -8,6 +8,9 @@
 --   the claim's existence). Read after GOBLIN.CLAIM's nil, it also sees work
 --   completed in between, as completed and not as a lost result.
 local result = redis.call("get", KEYS[2])
+if result and KEYS[1] == KEYS[2] and string.sub(result, 1, 5) ~= "done " then
+  result = false  -- the one-key record in flight (claim.lua): its holder's token
+end
 if result then
   return result
 end
