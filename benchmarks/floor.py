@@ -482,7 +482,9 @@ def async_contenders(s: Setup) -> list[Contender]:
     handle = AsyncClaim(client, s.async_key, lease=LEASE, namespace=NAMESPACE)
     async_command = (*command[:3], handle.claim_key, handle.result_key, *command[5:])
     async_packed = encode(*async_command)
-    expected = s.expected
+    # Its own record: the token that completed it differs from the sync key's.
+    stored = loop.run_until_complete(client.get(handle.result_key))
+    expected = b"$%d\r\n%s\r\n" % (len(stored), stored)
 
     async def floor(i: int) -> None:
         reader, writer = s.streams[i]

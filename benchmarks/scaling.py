@@ -99,7 +99,8 @@ def fill(client: redis.Redis, charge: Any, ids: Sequence[str]) -> None:
         for key in ids[start : start + BATCH]:
             call = spec.prepare((key,), {})
             handle = spec.handle(Claim, call)
-            payload = spec.codec.encode_result(Charge(order_id=key, status="charged"), call.fp, call.key)
+            # No fingerprint in the envelope: the decorator's record carries it in its token.
+            payload = spec.codec.encode_result(Charge(order_id=key, status="charged"), None, call.key)
             pipe.execute_command(*handle._claim_command(None))  # no native command: the claim script
             script, args = handle._complete_call(payload, *encoding, wake)
             pipe.execute_command(*script_command(script, args))

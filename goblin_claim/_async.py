@@ -181,7 +181,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             if not state.ready:
                 await _prepare(client, state)
             commands = [handle._claim_command(state.native) for handle in handles]
-            replies, waited = await _round(client, commands, wait)
+            sends = Sends()
+            replies, waited = await _round(client, commands, wait, sends)
             acknowledged = [waited] * len(replies)
             again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
             if again:
@@ -217,8 +218,9 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 await handle._give_back()
             raise
         now = time.monotonic()
+        again_sent = sends.count > 1  # the first round, re-sent whole by the connection's Retry
         return [
-            (handle, _batch_outcome(handle, reply, waited, sent_at, now))
+            (handle, _batch_outcome(handle, reply, waited, sent_at, now, again_sent))
             for handle, reply, waited in zip(handles, replies, acknowledged, strict=True)
         ]
 
@@ -674,9 +676,11 @@ async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
             await asyncio.wait_for(woken.wait(), delay)
 
 
-async def _round(client: AsyncClient, commands: Sequence[Args], wait: Args | None) -> tuple[list[object], int | None]:
+async def _round(
+    client: AsyncClient, commands: Sequence[Args], wait: Args | None, sends: Sends | None = None
+) -> tuple[list[object], int | None]:
     """One pipelined round of a batch, with ``wait`` (a WAIT) behind it if given: the replies and WAIT's count."""
-    replies = await _pipelined(client, commands if wait is None else [*commands, wait])
+    replies = await _pipelined(client, commands if wait is None else [*commands, wait], sends=sends)
     if wait is None:
         return replies, None
     waited = replies.pop()
@@ -685,16 +689,19 @@ async def _round(client: AsyncClient, commands: Sequence[Args], wait: Args | Non
     return replies, int(waited)  # type: ignore[call-overload]  # WAIT replies an int
 
 
-async def _pipelined(client: AsyncClient, commands: Sequence[Args], pipe: Any = None) -> list[object]:
+async def _pipelined(
+    client: AsyncClient, commands: Sequence[Args], pipe: Any = None, sends: Sends | None = None
+) -> list[object]:
     """Send ``commands`` in one pipeline (grouped by node on a cluster); errors come back as values.
 
     Where ``direct_pool`` allowed it (and no ``pipe`` is given), straight over one
-    pooled connection, as one command goes (``send_direct_many``).
+    pooled connection, as one command goes (``send_direct_many``); ``sends`` then
+    counts its tries. A pipeline's re-send is redis-py's, unseen.
     """
     if pipe is None:
         pool = state_of(client).direct
         if pool is not None:
-            return await send_direct_many_async(pool, commands)
+            return await send_direct_many_async(pool, commands, sends)
         pipe = client.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
@@ -732,13 +739,13 @@ def _needs_script(reply: object, mode: NativeMode) -> bool:
 
 
 def _batch_outcome(
-    handle: AsyncClaim, reply: object, acknowledged: int | None, sent_at: float, now: float
+    handle: AsyncClaim, reply: object, acknowledged: int | None, sent_at: float, now: float, resent: bool
 ) -> Outcome | GoblinClaimError:
     if isinstance(reply, ERRORS):
         return translate(reply, handle.key, handle.result_key)
     try:
-        # A pipeline's re-send is redis-py's, identical and unseen: never taken as one.
-        return handle._claim_outcome(reply, acknowledged, sent_at=sent_at, now=now)[0]
+        # ``resent``: the direct round counted its re-send; a pipeline's is redis-py's, unseen.
+        return handle._claim_outcome(reply, acknowledged, resent=resent, sent_at=sent_at, now=now)[0]
     except GoblinClaimError as exc:  # this key's own failure, in its place
         return exc
 

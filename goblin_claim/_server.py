@@ -371,18 +371,21 @@ async def send_direct_async(
         await pool.release(conn)
 
 
-def send_direct_many(pool: Any, commands: Sequence[tuple[object, ...]]) -> list[object]:
+def send_direct_many(pool: Any, commands: Sequence[tuple[object, ...]], sends: Sends | None = None) -> list[object]:
     """Many commands in one round trip over one connection of ``pool``; error replies come back as values.
 
     What a pipeline without a transaction does, less its per-command bookkeeping:
     the whole round is retried by the connection's ``Retry``, as redis-py's
-    pipeline retries it, disconnecting before each new try.
+    pipeline retries it, disconnecting before each new try. ``sends``, if given,
+    counts the tries (a batch of claims re-sent is then known to be one).
     """
     valkey_py = isinstance(pool, _VALKEY_POOLS)
     conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
     try:
 
         def attempt() -> list[object]:
+            if sends is not None:
+                sends.count += 1
             packed: list[bytes] = []
             for command in commands:
                 packed += pack(command, conn.encoder)
@@ -408,13 +411,17 @@ def send_direct_many(pool: Any, commands: Sequence[tuple[object, ...]]) -> list[
         pool.release(conn)
 
 
-async def send_direct_many_async(pool: Any, commands: Sequence[tuple[object, ...]]) -> list[object]:
+async def send_direct_many_async(
+    pool: Any, commands: Sequence[tuple[object, ...]], sends: Sends | None = None
+) -> list[object]:
     """``send_direct_many`` for an asyncio client's pool."""
     valkey_py = isinstance(pool, _VALKEY_POOLS)
     conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
     try:
 
         async def attempt() -> list[object]:
+            if sends is not None:
+                sends.count += 1
             packed: list[bytes] = []
             for command in commands:
                 packed += pack(command, conn.encoder)

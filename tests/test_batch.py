@@ -87,17 +87,17 @@ def test_batch_sees_work_completed_between_the_native_nil_and_its_read(
     if driver.run is None:
         send = goblin_claim._sync._pipelined
 
-        def pipelined(client: Any, commands: Any, pipe: Any = None) -> list[object]:
+        def pipelined(client: Any, commands: Any, pipe: Any = None, sends: Any = None) -> list[object]:
             finish_before_the_reads(commands)
-            return send(client, commands, pipe)
+            return send(client, commands, pipe, sends)
 
         monkeypatch.setattr(goblin_claim._sync, "_pipelined", pipelined)
     else:
         send_async = goblin_claim._async._pipelined
 
-        async def async_pipelined(client: Any, commands: Any, pipe: Any = None) -> list[object]:
+        async def async_pipelined(client: Any, commands: Any, pipe: Any = None, sends: Any = None) -> list[object]:
             finish_before_the_reads(commands)
-            return await send_async(client, commands, pipe)
+            return await send_async(client, commands, pipe, sends)
 
         monkeypatch.setattr(goblin_claim._async, "_pipelined", async_pipelined)
 

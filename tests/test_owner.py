@@ -323,6 +323,45 @@ def test_a_claim_whose_reply_was_lost_is_claimed_once_and_never_by_two(wire: Wir
     assert runs == 1
 
 
+def test_a_batch_whose_reply_was_lost_is_resent_and_each_key_claimed_once(wire: Wire) -> None:
+    """acquire_many's reply is lost and the round re-sent: Claimed on the direct path, InFlight through a pipeline.
+
+    The first send took every claim; the re-send reads each key held by its own
+    handle's token. The direct round counts its tries, so its handles know it was
+    theirs; redis-py's pipeline re-sends unseen, the safe side. Either way no
+    other handle ever gets one of the keys.
+    """
+    keys = [unique() for _ in range(5)]
+    lost = Claim(wire.raw, keys[2]).claim_key.encode()
+    wire.faults.lose_next_reply(lost)
+    if wire.run is None:
+        client = wire.connect()
+        wire._closers.append(client.close)
+        pairs: list[Any] = Claim.acquire_many(client, keys, lease=30)
+    else:
+
+        async def batch() -> list[Any]:
+            client = wire.connect()
+            try:
+                return await AsyncClaim.acquire_many(client, keys, lease=30)
+            finally:
+                await client.aclose()
+
+        pairs = wire.run(batch())
+    assert wire.faults.lost(lost) == 1
+    for handle, _ in pairs:
+        assert wire.raw.get(handle.claim_key) == handle.token.encode()  # the first send did claim
+    outcomes = [type(outcome) for _, outcome in pairs]
+    if wire.direct:
+        assert outcomes == [Claimed] * len(keys)
+    else:
+        # A cluster's pipeline goes out per node and is redis-py's to re-send or give up:
+        # the safe sides (InFlight, or the key's error in its place), never another's claim.
+        assert set(outcomes) <= {Claimed, InFlight, ConnectionFailedError}
+    for key in keys:
+        assert isinstance(wire.claim(key).acquire(), InFlight)
+
+
 def test_a_claim_that_never_got_a_reply_is_the_same_handles_on_its_next_try(wire: Wire) -> None:
     """Every reply lost until redis-py gives up: acquire() raises; its next acquire() is Claimed, another's InFlight."""
     key = unique()

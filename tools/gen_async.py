@@ -68,7 +68,7 @@ DRIVER: list[tuple[str, str]] = [
     ("        self._complete(value, None)", "        await self._complete(value, None)"),
     ("    send_direct,\n", "    send_direct_async,\n"),
     ("    send_direct_many,\n", "    send_direct_many_async,\n"),
-    ("return send_direct_many(pool, commands)", "return await send_direct_many_async(pool, commands)"),
+    ("return send_direct_many(pool, commands, sends)", "return await send_direct_many_async(pool, commands, sends)"),
     ("    failed,\n", "    failed_async,\n"),
     ("raise failed(client,", "raise await failed_async(client,"),
     ("error = failed(client,", "error = await failed_async(client,"),
