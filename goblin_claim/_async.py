@@ -668,12 +668,19 @@ def _unrun(sends: Sends | None) -> None:
 
 
 async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
-    """Sleep ``delay`` seconds, or until ``woken`` is set."""
+    """Sleep ``delay`` seconds, or until ``woken`` is set.
+
+    ``asyncio.wait``, not ``wait_for``: before Python 3.12 a ``wait_for`` whose inner
+    wait finishes just as the caller is cancelled returns, and the cancellation is lost.
+    """
     if woken is None:
         await asyncio.sleep(delay)
     else:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(woken.wait(), delay)
+        waiter = asyncio.ensure_future(woken.wait())
+        try:
+            await asyncio.wait((waiter,), timeout=delay)
+        finally:
+            waiter.cancel()
 
 
 async def _round(

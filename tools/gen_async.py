@@ -105,12 +105,19 @@ DRIVER: list[tuple[str, str]] = [
         "    else:\n"
         "        woken.wait(delay)\n",
         "async def _sleep(woken: asyncio.Event | None, delay: float) -> None:\n"
-        '    """Sleep ``delay`` seconds, or until ``woken`` is set."""\n'
+        '    """Sleep ``delay`` seconds, or until ``woken`` is set.\n'
+        "\n"
+        "    ``asyncio.wait``, not ``wait_for``: before Python 3.12 a ``wait_for`` whose inner\n"
+        "    wait finishes just as the caller is cancelled returns, and the cancellation is lost.\n"
+        '    """\n'
         "    if woken is None:\n"
         "        await asyncio.sleep(delay)\n"
         "    else:\n"
-        "        with contextlib.suppress(asyncio.TimeoutError):\n"
-        "            await asyncio.wait_for(woken.wait(), delay)\n",
+        "        waiter = asyncio.ensure_future(woken.wait())\n"
+        "        try:\n"
+        "            await asyncio.wait((waiter,), timeout=delay)\n"
+        "        finally:\n"
+        "            waiter.cancel()\n",
     ),
     ("    def acquire_many(", "    async def acquire_many("),
     ("def _pipelined(", "async def _pipelined("),

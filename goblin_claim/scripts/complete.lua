@@ -23,6 +23,20 @@
 --   counter is deleted once the record is written: while the record lives nobody
 --   can claim, and after it the clock numbers the next owner (claim.lua).
 local wake = ARGV[5] == "publish" or ARGV[5] == "spublish"
+-- For a claim held by this token, or empty: the fence (where there is one) decides
+-- whose claim this was, and an empty claim with no fence to show for it is not ours.
+-- Returns the refusal (0 or 3), or nil when the claim is this token's to complete.
+local function refused(held)
+  local counter = KEYS[3] and tonumber(redis.call("get", KEYS[3]))
+  local fence = KEYS[3] and tonumber(ARGV[6])
+  if counter and fence and counter ~= fence then
+    return 0
+  end
+  if not held and not (counter and fence) then
+    return 3
+  end
+  return nil
+end
 if KEYS[1] == KEYS[2] then
   local held = redis.call("get", KEYS[1])
   local mine = ARGV[4] .. " "
@@ -36,13 +50,9 @@ if KEYS[1] == KEYS[2] then
     end
     return 2
   end
-  local counter = KEYS[3] and tonumber(redis.call("get", KEYS[3]))
-  local fence = KEYS[3] and tonumber(ARGV[6])
-  if counter and fence and counter ~= fence then
-    return 0
-  end
-  if not held and not (counter and fence) then
-    return 3
+  local refusal = refused(held)
+  if refusal then
+    return refusal
   end
   redis.call("set", KEYS[1], mine .. ARGV[2], "EX", ARGV[3])
   if KEYS[3] then
@@ -72,15 +82,9 @@ if not holder and stored then
   return 0
 end
 if holder ~= ARGV[4] then
-  -- Held by this token, or empty: the fence (where there is one) decides whose
-  -- claim this was; an empty claim with no fence to show for it is not ours.
-  local counter = KEYS[3] and tonumber(redis.call("get", KEYS[3]))
-  local fence = KEYS[3] and tonumber(ARGV[6])
-  if counter and fence and counter ~= fence then
-    return 0
-  end
-  if not holder and not (counter and fence) then
-    return 3
+  local refusal = refused(holder)
+  if refusal then
+    return refusal
   end
 end
 redis.call("set", KEYS[2], ARGV[2], "EX", ARGV[3])
