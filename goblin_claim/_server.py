@@ -299,6 +299,50 @@ def run_meanwhile(work: Callable[[], object] | None) -> None:
             work()
 
 
+def _on_connection(pool: Any, attempt: Callable[[Any], T]) -> T:
+    """``attempt(connection)`` on a connection of ``pool`` (a sync client's), given back after.
+
+    Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
+    errors it retries (valkey-py: only those its ``retry_on_error`` lists),
+    disconnecting before each new try.
+    """
+    valkey_py = isinstance(pool, _VALKEY_POOLS)
+    conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
+    try:
+
+        def fail(error: Exception) -> None:
+            conn.disconnect()
+            if valkey_py and not _listed(conn, error):
+                raise error
+
+        result: T = conn.retry.call_with_retry(lambda: attempt(conn), fail)
+        return result
+    finally:
+        if not valkey_py and _NOTICES and conn.should_reconnect():
+            # A maintenance notice asked for a new connection: the next use makes it.
+            conn.disconnect()
+        pool.release(conn)
+
+
+async def _on_connection_async(pool: Any, attempt: Callable[[Any], Awaitable[T]]) -> T:
+    """``_on_connection`` for an asyncio client's pool."""
+    valkey_py = isinstance(pool, _VALKEY_POOLS)
+    conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
+    try:
+
+        async def fail(error: Exception) -> None:
+            await conn.disconnect()
+            if valkey_py and not _listed(conn, error):
+                raise error
+
+        result: T = await conn.retry.call_with_retry(lambda: attempt(conn), fail)
+        return result
+    finally:
+        # No maintenance-notice reconnect here: redis-py's asyncio client makes one
+        # only for single-connection clients, which never come this way.
+        await pool.release(conn)
+
+
 def send_direct(
     pool: Any,
     command: tuple[object, ...],
@@ -307,36 +351,22 @@ def send_direct(
 ) -> object:
     """One command and its raw reply over a connection of ``pool`` (a sync client's).
 
-    Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
-    errors it retries, disconnecting before each new try. ``meanwhile`` runs
+    Retried as ``execute_command`` retries (``_on_connection``). ``meanwhile`` runs
     once (see ``run_meanwhile``), after the first send and before its reply is
     read: bookkeeping that would otherwise follow the round trip costs no time
     of its own. ``sends``, if given, counts the tries.
     """
-    valkey_py = isinstance(pool, _VALKEY_POOLS)
-    conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
-    try:
 
-        def attempt() -> object:
-            nonlocal meanwhile
-            if sends is not None:
-                sends.count += 1
-            conn.send_packed_command(pack(command, conn.encoder))
-            run_meanwhile(meanwhile)
-            meanwhile = None
-            return conn.read_response()
+    def attempt(conn: Any) -> object:
+        nonlocal meanwhile
+        if sends is not None:
+            sends.count += 1
+        conn.send_packed_command(pack(command, conn.encoder))
+        run_meanwhile(meanwhile)
+        meanwhile = None
+        return conn.read_response()
 
-        def fail(error: Exception) -> None:
-            conn.disconnect()
-            if valkey_py and not _listed(conn, error):
-                raise error
-
-        return conn.retry.call_with_retry(attempt, fail)
-    finally:
-        if not valkey_py and _NOTICES and conn.should_reconnect():
-            # A maintenance notice asked for a new connection: the next use makes it.
-            conn.disconnect()
-        pool.release(conn)
+    return _on_connection(pool, attempt)
 
 
 async def send_direct_async(
@@ -346,29 +376,25 @@ async def send_direct_async(
     sends: Sends | None = None,
 ) -> object:
     """``send_direct`` for an asyncio client's pool."""
-    valkey_py = isinstance(pool, _VALKEY_POOLS)
-    conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
-    try:
 
-        async def attempt() -> object:
-            nonlocal meanwhile
-            if sends is not None:
-                sends.count += 1
-            await conn.send_packed_command(pack(command, conn.encoder))
-            run_meanwhile(meanwhile)
-            meanwhile = None
-            return await conn.read_response()
+    async def attempt(conn: Any) -> object:
+        nonlocal meanwhile
+        if sends is not None:
+            sends.count += 1
+        await conn.send_packed_command(pack(command, conn.encoder))
+        run_meanwhile(meanwhile)
+        meanwhile = None
+        return await conn.read_response()
 
-        async def fail(error: Exception) -> None:
-            await conn.disconnect()
-            if valkey_py and not _listed(conn, error):
-                raise error
+    return await _on_connection_async(pool, attempt)
 
-        return await conn.retry.call_with_retry(attempt, fail)
-    finally:
-        # No maintenance-notice reconnect here: redis-py's asyncio client makes one
-        # only for single-connection clients, which never come this way.
-        await pool.release(conn)
+
+def _packed(commands: Sequence[tuple[object, ...]], encoder: Any) -> list[bytes]:
+    """``commands`` as one buffer: a batch goes out in one write, not one per buffer."""
+    packed: list[bytes] = []
+    for command in commands:
+        packed += pack(command, encoder)
+    return [b"".join(packed)]
 
 
 def send_direct_many(pool: Any, commands: Sequence[tuple[object, ...]], sends: Sends | None = None) -> list[object]:
@@ -376,73 +402,43 @@ def send_direct_many(pool: Any, commands: Sequence[tuple[object, ...]], sends: S
 
     What a pipeline without a transaction does, less its per-command bookkeeping:
     the whole round is retried by the connection's ``Retry``, as redis-py's
-    pipeline retries it, disconnecting before each new try. ``sends``, if given,
-    counts the tries (a batch of claims re-sent is then known to be one).
+    pipeline retries it (``_on_connection``). ``sends``, if given, counts the
+    tries (a batch of claims re-sent is then known to be one).
     """
-    valkey_py = isinstance(pool, _VALKEY_POOLS)
-    conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
-    try:
 
-        def attempt() -> list[object]:
-            if sends is not None:
-                sends.count += 1
-            packed: list[bytes] = []
-            for command in commands:
-                packed += pack(command, conn.encoder)
-            conn.send_packed_command([b"".join(packed)])  # one write, not one per buffer
-            replies: list[object] = []
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except RESPONSE_ERRORS as exc:  # read whole: the connection stays in step
-                    replies.append(exc)
-            return replies
-
-        def fail(error: Exception) -> None:
-            conn.disconnect()
-            if valkey_py and not _listed(conn, error):
-                raise error
-
-        replies: list[object] = conn.retry.call_with_retry(attempt, fail)
+    def attempt(conn: Any) -> list[object]:
+        if sends is not None:
+            sends.count += 1
+        conn.send_packed_command(_packed(commands, conn.encoder))
+        replies: list[object] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except RESPONSE_ERRORS as exc:  # read whole: the connection stays in step
+                replies.append(exc)
         return replies
-    finally:
-        if not valkey_py and _NOTICES and conn.should_reconnect():
-            conn.disconnect()
-        pool.release(conn)
+
+    return _on_connection(pool, attempt)
 
 
 async def send_direct_many_async(
     pool: Any, commands: Sequence[tuple[object, ...]], sends: Sends | None = None
 ) -> list[object]:
     """``send_direct_many`` for an asyncio client's pool."""
-    valkey_py = isinstance(pool, _VALKEY_POOLS)
-    conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
-    try:
 
-        async def attempt() -> list[object]:
-            if sends is not None:
-                sends.count += 1
-            packed: list[bytes] = []
-            for command in commands:
-                packed += pack(command, conn.encoder)
-            await conn.send_packed_command([b"".join(packed)])
-            replies: list[object] = []
-            for _ in commands:
-                try:
-                    replies.append(await conn.read_response())
-                except RESPONSE_ERRORS as exc:
-                    replies.append(exc)
-            return replies
-
-        async def fail(error: Exception) -> None:
-            await conn.disconnect()
-            if valkey_py and not _listed(conn, error):
-                raise error
-
-        replies: list[object] = await conn.retry.call_with_retry(attempt, fail)
+    async def attempt(conn: Any) -> list[object]:
+        if sends is not None:
+            sends.count += 1
+        await conn.send_packed_command(_packed(commands, conn.encoder))
+        replies: list[object] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except RESPONSE_ERRORS as exc:
+                replies.append(exc)
         return replies
-    finally:
-        await pool.release(conn)
+
+    return await _on_connection_async(pool, attempt)
 
 
 def _listed(conn: Any, error: Exception) -> bool:
