@@ -232,6 +232,25 @@ class Codec(Generic[T]):
         envelope = UnstorableEnvelope(goblin=VERSION, kind="unstorable", fp=fp, reason=reason)
         return envelope.model_dump_json(exclude=_NO_FP if fp is None else None).encode()
 
+    def plain_value(self, raw: bytes | str) -> T | _Other:
+        """The value of a plain result envelope, read without the envelope's model; else ``OTHER``.
+
+        Plain: as ``encode_result`` writes it without a fingerprint,
+        ``{"goblin":1,"value":...}``. The same value ``decode`` reads: what lies between that head and the closing
+        brace is valid JSON only when it is exactly the member's value. Anything
+        else (an error envelope, the previous format, bytes of another writer)
+        answers ``OTHER``, for ``decode`` to read or refuse.
+        """
+        if type(raw) is bytes:
+            if not (raw.startswith(_VALUE_HEAD) and raw.endswith(b"}")):
+                return OTHER
+        elif not (isinstance(raw, str) and raw.startswith(_VALUE_HEAD_TEXT) and raw.endswith("}")):
+            return OTHER
+        try:
+            return self._value.validator.validate_json(raw[_VALUE_AT:-1])  # type: ignore[no-any-return]
+        except ValidationError:
+            return OTHER
+
     def decode(self, raw: bytes | str, key: str) -> ResultEnvelope[T] | ErrorEnvelope | UnstorableEnvelope:
         """Read a stored envelope.
 
@@ -253,6 +272,17 @@ class Codec(Generic[T]):
 FINGERPRINT_CHARS: Final = 16
 
 _RESULT_HEAD: Final = f'{{"goblin":{VERSION},'.encode()  # no kind: a result is what has none
+_VALUE_HEAD: Final = _RESULT_HEAD + b'"value":'
+_VALUE_HEAD_TEXT: Final = _VALUE_HEAD.decode()
+_VALUE_AT: Final = len(_VALUE_HEAD)
+
+
+class _Other(enum.Enum):
+    OTHER = "other"
+
+
+OTHER: Final = _Other.OTHER
+"""What ``Codec.plain_value`` answers for anything but a plain result envelope."""
 
 
 def _kind_of(envelope: Any) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import copy
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -375,7 +376,140 @@ async def send_direct_async(
     meanwhile: Callable[[], object] | None = None,
     sends: Sends | None = None,
 ) -> object:
-    """``send_direct`` for an asyncio client's pool."""
+    """``send_direct`` for an asyncio client's pool, sharing round trips between tasks.
+
+    A command sent while none of this loop's is on the wire over ``pool`` goes at
+    once, alone: a lone caller waits for nothing. One sent while another is on the
+    wire joins the round being gathered (see ``_Rounds``), and ``meanwhile`` runs
+    before it is sent. Either way the reply, an error reply raised, is its own.
+    """
+    loop = asyncio.get_running_loop()
+    rounds = _ROUNDS.get(pool)
+    if rounds is None or rounds.loop is not loop:
+        rounds = _ROUNDS[pool] = _Rounds(pool, loop)
+    if rounds.on_wire:
+        return await rounds.join(command, meanwhile, sends)
+    rounds.on_wire += 1
+    try:
+        return await _send_alone_async(pool, command, meanwhile, sends)
+    finally:
+        rounds.on_wire -= 1
+
+
+# Commands in one shared round at most: a longer queue goes as several rounds.
+ROUND_LIMIT = 128
+
+
+class _Rounds:
+    """The round trips the tasks of one event loop share over one pool.
+
+    Under load the cost of an asyncio round trip is mostly per round trip, not per
+    command: taking a connection from the pool and giving it back, the stream's
+    write and wake-up, the read's timeout. So a command sent while another is on
+    the wire waits for the loop's next turn, with every other command sent
+    meanwhile, and they go as one write over one pooled connection, their replies
+    read back in order: a pipeline of independent commands, as the client's own
+    pipelines send them, retried whole by the connection's ``Retry`` (each
+    command's ``Sends`` counts the tries). A task cancelled before its round is
+    sent is left out of it; one cancelled after is not told its reply, as when it
+    waits alone.
+    """
+
+    __slots__ = ("gathering", "loop", "on_wire", "pool", "sending")
+
+    def __init__(self, pool: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.loop = loop
+        self.on_wire = 0  # sends and rounds of this loop now between write and last reply
+        self.gathering: list[_Joined] | None = None
+        self.sending: set[asyncio.Task[None]] = set()  # the loop holds tasks weakly
+
+    async def join(
+        self, command: tuple[object, ...], meanwhile: Callable[[], object] | None, sends: Sends | None
+    ) -> object:
+        gathering = self.gathering
+        if gathering is None or len(gathering) >= ROUND_LIMIT:
+            gathering = self.gathering = []
+            task = self.loop.create_task(self._send(gathering))  # runs on the loop's next turn
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
+        joined = _Joined(command, self.loop.create_future(), sends)
+        gathering.append(joined)
+        run_meanwhile(meanwhile)
+        return await joined.reply
+
+    async def _send(self, gathering: list[_Joined]) -> None:
+        if self.gathering is gathering:
+            self.gathering = None  # from here, a new command gathers the next round
+        joined = [one for one in gathering if not one.reply.done()]  # cancelled unsent: left out
+        if not joined:
+            return
+        tries = Sends()
+        self.on_wire += 1
+        try:
+            replies = await send_direct_many_async(self.pool, [one.command for one in joined], tries)
+        except BaseException as exc:
+            for one in joined:
+                one.tried(tries)
+                if not one.reply.done():
+                    one.reply.set_exception(_own_copy(exc) if isinstance(exc, Exception) else _interrupted(exc))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            self.on_wire -= 1
+        for one, reply in zip(joined, replies, strict=True):
+            one.tried(tries)
+            if not one.reply.done():
+                if isinstance(reply, BaseException):
+                    one.reply.set_exception(reply)
+                else:
+                    one.reply.set_result(reply)
+
+
+class _Joined:
+    """One command of a shared round: what it sends, where its reply goes, and its count of sends."""
+
+    __slots__ = ("command", "reply", "sends")
+
+    def __init__(self, command: tuple[object, ...], reply: asyncio.Future[object], sends: Sends | None) -> None:
+        self.command = command
+        self.reply = reply
+        self.sends = sends
+
+    def tried(self, tries: Sends) -> None:
+        if self.sends is not None:
+            self.sends.count += tries.count
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """``exc`` for one waiter of a round: each raises its own, with its own traceback."""
+    try:
+        copied = copy.copy(exc)
+    except Exception:
+        return exc
+    copied.__cause__, copied.__context__ = exc.__cause__, exc.__context__
+    return copied
+
+
+def _interrupted(exc: BaseException) -> Exception:
+    """What the waiters of a round are told when the round's task was cancelled (the loop closing)."""
+    error = redis.exceptions.ConnectionError(f"the shared round trip was interrupted ({type(exc).__name__})")
+    error.__cause__ = exc
+    return error
+
+
+# Per pool, the rounds of the loop that last used it (a pool's connections belong to one loop).
+_ROUNDS: weakref.WeakKeyDictionary[Any, _Rounds] = weakref.WeakKeyDictionary()
+
+
+async def _send_alone_async(
+    pool: Any,
+    command: tuple[object, ...],
+    meanwhile: Callable[[], object] | None,
+    sends: Sends | None,
+) -> object:
+    """One command over a connection of ``pool``, retried (``_on_connection_async``)."""
 
     async def attempt(conn: Any) -> object:
         nonlocal meanwhile

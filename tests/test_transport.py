@@ -8,6 +8,8 @@ the class, redis-py's own observability) gets every command through it instead.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import functools
 from typing import Any
 
@@ -341,3 +343,228 @@ def test_failing_work_meanwhile_leaves_the_round_trip_whole(server: servers.Redi
         assert _value(Claim(client, claim.key).acquire()) == b"v"
     finally:
         client.close()
+
+
+# --------------------------------------------------------------------------- shared rounds (asyncio)
+
+
+class _CountingPool(redis.asyncio.BlockingConnectionPool):
+    """A real blocking pool that counts the connections it hands out: one per round trip."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taken = 0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self.taken += 1
+        return await super().get_connection(*args, **kwargs)
+
+
+def _counting_client(port: int, max_connections: int = 50, **kwargs: Any) -> tuple[redis.asyncio.Redis, _CountingPool]:
+    pool = _CountingPool(host=servers.HOST, port=port, max_connections=max_connections, **kwargs)
+    return redis.asyncio.Redis.from_pool(pool), pool
+
+
+def _claims_sent(faults: Any, key: str) -> int:
+    from goblin_claim._core import CLAIM
+
+    return int(faults.count(CLAIM.sha.encode(), key.encode()))
+
+
+@pytest.mark.parametrize("max_connections", [2, 50])  # 2: the waiters' subscriber holds one
+def test_concurrent_tasks_share_round_trips_and_each_gets_its_own_reply(
+    server: servers.RedisProcess, max_connections: int
+) -> None:
+    """600 tasks claiming 300 keys at once take far fewer connections than commands.
+
+    Each reply is its own, and each key runs once.
+    """
+    admin = _sync(server)
+    keys = [unique("shared") for _ in range(300)]
+    ran: collections.Counter[str] = collections.Counter()
+
+    async def main() -> tuple[list[object], int]:
+        client, pool = _counting_client(server.port, max_connections)
+        try:
+
+            async def one(key: str) -> object:
+                claim = AsyncClaim(client, key, lease=30)
+                outcome = await claim.acquire()
+                if isinstance(outcome, Claimed):
+                    ran[key] += 1
+                    await claim.complete(key.encode())
+                    return await AsyncClaim(client, key).acquire()
+                return outcome if isinstance(outcome, Completed) else await claim.wait(timeout=10)
+
+            await AsyncClaim(client, unique("shared"), lease=30).acquire()  # the probe and SCRIPT LOAD first
+            assert state_of(client).direct is pool
+            before = pool.taken
+            outcomes = await asyncio.gather(*(one(key) for key in keys * 2))
+            return outcomes, pool.taken - before
+        finally:
+            await client.aclose()
+
+    try:
+        outcomes, taken = asyncio.run(main())
+        assert sorted(ran.values()) == [1] * len(keys)  # each key ran once, by one of its two tasks
+        wrong = [
+            (o, k)
+            for o, k in zip(outcomes, keys * 2, strict=True)
+            if not (isinstance(o, Completed) and o.value == k.encode())
+        ]
+        assert not wrong, wrong[:3]
+        assert taken <= len(keys) // 3  # 1,200 round trips alone (measured: under 20 shared)
+        for key in keys:
+            assert admin.get(f"goblin:{{{key}}}") is not None
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize("fault", ["lose", "drop"])
+def test_a_shared_round_cut_midway_is_resent_whole_and_each_claim_answers_claimed(
+    server: servers.RedisProcess, fault: str
+) -> None:
+    """A round whose connection is cut (a reply lost, a request never sent) goes again whole.
+
+    Under the connection's Retry the claims it had already taken answer ``Claimed`` to their
+    own tokens, and each key runs once.
+    """
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
+
+    from tests.proxy import FaultProxy
+
+    keys = [unique("cut") for _ in range(40)]
+    victim = keys[25]
+    ran: collections.Counter[str] = collections.Counter()
+
+    with FaultProxy(server.port) as proxy:
+
+        async def main() -> list[object]:
+            retry = Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 3)
+            client, _pool = _counting_client(proxy.port, retry=retry)
+            try:
+                await client.ping()
+                holder = AsyncClaim(client, unique("holder"), lease=30)
+                proxy.faults.hold_next_reply(holder.key.encode())  # on the wire: the others gather
+
+                async def one(key: str) -> object:
+                    claim = AsyncClaim(client, key, lease=30)
+                    outcome = await claim.acquire()
+                    if isinstance(outcome, Claimed):
+                        ran[key] += 1
+                        await claim.complete(b"done")
+                    return outcome
+
+                held = asyncio.ensure_future(holder.acquire())
+                await asyncio.sleep(0.2)
+                (proxy.faults.lose_next_reply if fault == "lose" else proxy.faults.drop_before)(victim.encode())
+                outcomes = await asyncio.gather(*(one(key) for key in keys))
+                held.cancel()
+                with contextlib.suppress(BaseException):
+                    await held
+                return outcomes
+            finally:
+                await client.aclose()
+
+        outcomes = asyncio.run(main())
+        assert all(isinstance(outcome, Claimed) for outcome in outcomes), outcomes
+        assert sorted(ran) == sorted(keys)
+        assert set(ran.values()) == {1}
+        assert _claims_sent(proxy.faults, victim) == (2 if fault == "lose" else 1)  # the round went again
+        # Whole, not the victim alone: the claims before it in the round went twice.
+        assert sum(_claims_sent(proxy.faults, key) == 2 for key in keys if key != victim) >= 1
+
+
+def test_a_shared_round_that_cannot_be_resent_fails_each_of_its_claims_and_a_resend_answers_claimed(
+    server: servers.RedisProcess,
+) -> None:
+    """Without retries, a round whose reply is lost fails each claim in it with ``ConnectionFailedError``.
+
+    Each handle's next ``acquire()`` is a re-send that answers ``Claimed`` where its claim was taken.
+    """
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from goblin_claim import ConnectionFailedError
+    from tests.proxy import FaultProxy
+
+    keys = [unique("unresent") for _ in range(30)]
+    with FaultProxy(server.port) as proxy:
+
+        async def main() -> tuple[int, list[object]]:
+            client, _pool = _counting_client(proxy.port, retry=Retry(NoBackoff(), 0))
+            try:
+                await client.ping()
+                holder = AsyncClaim(client, unique("holder"), lease=30)
+                proxy.faults.hold_next_reply(holder.key.encode())
+                held = asyncio.ensure_future(holder.acquire())
+                await asyncio.sleep(0.2)
+                proxy.faults.lose_next_reply(keys[10].encode())
+                claims = [AsyncClaim(client, key, lease=30) for key in keys]
+                first = await asyncio.gather(*(claim.acquire() for claim in claims), return_exceptions=True)
+                failed = sum(isinstance(outcome, ConnectionFailedError) for outcome in first)
+                again = [await claim.acquire() for claim in claims]
+                held.cancel()
+                with contextlib.suppress(BaseException):
+                    await held
+                return failed, again
+            finally:
+                await client.aclose()
+
+        failed, again = asyncio.run(main())
+        assert failed >= 1  # the round with the lost reply: every claim in it was told
+        assert all(isinstance(outcome, Claimed) for outcome in again), again
+
+
+def test_a_task_cancelled_before_its_round_is_sent_is_left_out(server: servers.RedisProcess) -> None:
+    """A task that joins a round and is cancelled before the round goes out sends nothing: its key stays free."""
+    from tests.proxy import FaultProxy
+
+    with FaultProxy(server.port) as proxy:
+        key = unique("left-out")
+
+        async def main() -> None:
+            client, _pool = _counting_client(proxy.port)
+            try:
+                await client.ping()
+                holder = AsyncClaim(client, unique("holder"), lease=30)
+                proxy.faults.hold_next_reply(holder.key.encode())
+                held = asyncio.ensure_future(holder.acquire())
+                await asyncio.sleep(0.2)  # the holder's claim is on the wire
+                joined = asyncio.ensure_future(AsyncClaim(client, key, lease=30).acquire())
+                await asyncio.sleep(0)  # it joins the round being gathered...
+                joined.cancel()  # ...and is cancelled before the round's task runs
+                with pytest.raises(asyncio.CancelledError):
+                    await joined
+                assert isinstance(await AsyncClaim(client, key, lease=30).acquire(), Claimed)  # it was free
+                held.cancel()
+                with contextlib.suppress(BaseException):
+                    await held
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
+        assert _claims_sent(proxy.faults, key) == 1  # the second handle's claim alone
+
+
+def test_a_lone_task_sends_alone(server: servers.RedisProcess) -> None:
+    """With nothing else on the wire a command goes at once, over its own connection: no round is gathered."""
+    from goblin_claim import _server
+
+    async def main() -> None:
+        client, pool = _counting_client(server.port)
+        try:
+            await AsyncClaim(client, unique("alone"), lease=30).acquire()  # the probe and SCRIPT LOAD first
+            before = pool.taken
+            for _ in range(5):
+                await AsyncClaim(client, unique("alone"), lease=30).acquire()
+            assert pool.taken - before == 5
+            rounds = _server._ROUNDS[pool]
+            assert rounds.gathering is None
+            assert not rounds.sending
+            assert rounds.on_wire == 0
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
