@@ -270,6 +270,7 @@ class Codec(Generic[T]):
 
 # A fingerprint's hex digits: 64 bits, against keys reused by mistake (not an adversary).
 FINGERPRINT_CHARS: Final = 16
+_FINGERPRINT_BYTES: Final = FINGERPRINT_CHARS // 2
 
 _RESULT_HEAD: Final = f'{{"goblin":{VERSION},'.encode()  # no kind: a result is what has none
 _VALUE_HEAD: Final = _RESULT_HEAD + b'"value":'
@@ -728,7 +729,7 @@ def fingerprint_of(arguments: collections.abc.Mapping[str, Any], counted: Finger
         for name, default in counted:
             value = arguments[name]
             if default is _NO_DEFAULT or not _is_default(value, default):
-                data[name] = _canonical(value)
+                data[name] = value if type(value) in _PLAIN else _canonical(value)
         text = _json_text(data)
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise InvalidArgumentTypeError(
@@ -736,7 +737,7 @@ def fingerprint_of(arguments: collections.abc.Mapping[str, Any], counted: Finger
             "arguments that returns a str, a tuple of the parameters that count, or None",
             key=key,
         ) from exc
-    return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
+    return hashlib.sha256(text.encode()).digest()[:_FINGERPRINT_BYTES].hex()
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -796,7 +797,7 @@ def _canonical_mapping(value: collections.abc.Mapping[Any, Any]) -> dict[str, An
             name = text if isinstance(text, str) else _json_text(text)
         if name.startswith("$"):
             name = "$" + name  # a caller's {"$bytes": ...} never reads as a tag
-        data[name] = _canonical(item)
+        data[name] = item if type(item) in _PLAIN else _canonical(item)
     return data
 
 

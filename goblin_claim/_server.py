@@ -27,6 +27,8 @@ import asyncio
 import codecs
 import contextlib
 import copy
+import math
+import re
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -35,6 +37,7 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+import redis.asyncio.connection
 
 from ._clients import (
     ASYNC_CLIENTS,
@@ -564,15 +567,34 @@ async def send_direct_many_async(
         if sends is not None:
             sends.count += 1
         await conn.send_packed_command(_packed(commands, conn.encoder))
-        replies: list[object] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except RESPONSE_ERRORS as exc:
-                replies.append(exc)
-        return replies
+        timeout = conn.socket_timeout if _ONE_DEADLINE and len(commands) > 1 else None
+        if timeout is None or not isinstance(conn, redis.asyncio.connection.AbstractConnection):
+            return await _replies(conn, len(commands), None)
+        try:
+            async with asyncio.timeout(timeout):  # type: ignore[attr-defined]  # _ONE_DEADLINE: 3.11+
+                return await _replies(conn, len(commands), math.inf)
+        except TimeoutError as exc:  # the read, cut short, disconnected the connection
+            raise redis.exceptions.TimeoutError(f"Timeout reading {len(commands)} replies") from exc
 
     return await _on_connection_async(pool, attempt)
+
+
+# A round's replies are read under one deadline, the connection's read timeout,
+# rather than under a timer each, which is most of what reading a short reply
+# costs: redis-py (from 8.1) reads with no timer of its own when asked for
+# math.inf, and asyncio.timeout is 3.11's. Elsewhere each reply has its own.
+_ONE_DEADLINE = hasattr(asyncio, "timeout") and tuple(map(int, re.findall(r"\d+", redis.__version__)[:2])) >= (8, 1)
+
+
+async def _replies(conn: Any, count: int, timeout: float | None) -> list[object]:
+    """``count`` replies read off ``conn``, error replies as values: read whole, the connection stays in step."""
+    replies: list[object] = []
+    for _ in range(count):
+        try:
+            replies.append(await conn.read_response(timeout=timeout))
+        except RESPONSE_ERRORS as exc:
+            replies.append(exc)
+    return replies
 
 
 def _listed(conn: Any, error: Exception) -> bool:
