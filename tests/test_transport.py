@@ -568,3 +568,39 @@ def test_a_lone_task_sends_alone(server: servers.RedisProcess) -> None:
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_round_whose_replies_stall_times_out_once_and_leaves_no_reply_behind(server: servers.RedisProcess) -> None:
+    """A batch whose reply is held past the read timeout fails once, as a timeout.
+
+    The connection is not given back with a reply still to come: the next round trip reads its own.
+    """
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from goblin_claim import ConnectionFailedError
+    from tests.proxy import FaultProxy
+
+    keys = [unique("stalled") for _ in range(10)]
+    with FaultProxy(server.port, hold_limit=5) as proxy:
+
+        async def main() -> None:
+            client, _pool = _counting_client(
+                proxy.port, max_connections=1, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+            )
+            try:
+                await AsyncClaim(client, unique("warm"), lease=30).acquire()
+                proxy.faults.hold_next_reply(keys[5].encode())
+                started = asyncio.get_running_loop().time()
+                with pytest.raises(ConnectionFailedError, match=r"[Tt]imeout"):
+                    await AsyncClaim.acquire_many(client, keys, lease=30)
+                took = asyncio.get_running_loop().time() - started
+                assert 0.4 < took < 2.0  # one deadline for the round: not one per reply, not none
+                after = AsyncClaim(client, unique("after"), lease=30)
+                assert isinstance(await after.acquire(), Claimed)  # its own reply, not a late one
+                await after.complete(b"v")
+                assert _value(await AsyncClaim(client, after.key).acquire()) == b"v"
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
