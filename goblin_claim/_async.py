@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Literal, Union, overload
 
 from . import _events
 from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS
@@ -24,6 +24,7 @@ from ._core import (
     NativeMode,
     Outcome,
     Script,
+    Stored,
     adapted,
     native_command,
     owner_check,
@@ -250,8 +251,15 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         return await self._acquire(None)
 
-    async def _acquire(self, meanwhile: Meanwhile) -> Claimed | Completed | InFlight:
-        """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire."""
+    @overload
+    async def _acquire(self, meanwhile: Meanwhile, bare: Literal[False] = ...) -> Claimed | Completed | InFlight: ...
+    @overload
+    async def _acquire(self, meanwhile: Meanwhile, bare: bool) -> Claimed | Completed | InFlight | Stored: ...
+    async def _acquire(self, meanwhile: Meanwhile, bare: bool = False) -> Claimed | Completed | InFlight | Stored:
+        """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire.
+
+        ``bare``: a completed record comes back as ``Stored``, its value alone.
+        """
         script, args = self._claim_call()
         sends = Sends()
         acknowledged = None
@@ -276,6 +284,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             # re-send of our own claim (or a lost result); one read of holder and result,
             # together, tells them apart.
             reply = await self._peek()
+        if bare and (stored := self._stored_of(reply, acknowledged)) is not None:
+            return stored
         resent = sends.count > 1
         outcome, self._holder = self._claim_outcome(
             reply, acknowledged, resent=resent, sent_at=sent_at, now=time.monotonic()

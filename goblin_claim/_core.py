@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
-from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, Union
+from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, Union, cast
 
 from ._errors import (
     ClaimLostError,
@@ -54,6 +54,7 @@ __all__ = [
     "ClaimBase",
     "NativeMode",
     "Script",
+    "Stored",
     "WaitSchedule",
     "adapted",
     "check_seconds",
@@ -72,6 +73,21 @@ _CLAIMED_REPLIES: Final = (CLAIMED.encode(), CLAIMED)
 # Outcomes from a dict of their fields, as Claimed(**fields) makes them (validated).
 _claimed_outcome: Final[Callable[[dict[str, Any]], Claimed]] = Claimed.__pydantic_validator__.validate_python
 _completed_outcome: Final[Callable[[dict[str, Any]], Completed]] = Completed.__pydantic_validator__.validate_python
+
+
+class Stored:
+    """A completed record's stored value, without the ``Completed`` model around it.
+
+    For a caller that only reads the value and never hands the outcome on (the
+    decorator's duplicate): validating a ``Completed`` is most of what reading a
+    short record costs.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | str) -> None:
+        self.value = value
+
 
 # A lease or ttl above this is refused: Redis rejects expiries that overflow its
 # millisecond clock, and no real claim needs to be held for longer than ~68 years.
@@ -761,6 +777,21 @@ class ClaimBase(Generic[ClientT]):
             # Read back from the primary alone: a failover now could lose it.
             raise self._not_replicated("read", acknowledged)
         return _completed_outcome({"key": self.key, "value": reply}), holder
+
+    def _stored_of(self, reply: object, acknowledged: int | None) -> Stored | None:
+        """A claim reply that is a one-key record, as ``Stored`` (its holder kept); else ``None``.
+
+        What ``_claim_outcome`` answers a record with, less the ``Completed``. With
+        ``replicas`` (an acknowledgement to check) it leaves the reply to ``_claim_outcome``.
+        """
+        if acknowledged is not None or self.claim_key != self.result_key:
+            return None
+        holder, value = self._read_record(reply)
+        if holder is None:
+            return None
+        self._mine_until = 0.0
+        self._holder = holder
+        return Stored(cast("bytes | str", value))  # a slice of the reply, which was one of them
 
     def _read_record(self, reply: object) -> tuple[object, object]:
         """``(holder, value)`` of a one-key record ``done <token> <value>``; ``(None, reply)`` for a token."""

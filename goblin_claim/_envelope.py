@@ -710,7 +710,7 @@ def _default_of(param: inspect.Parameter) -> Any:
 
 
 def fingerprint_of(arguments: collections.abc.Mapping[str, Any], counted: FingerprintParameters, key: str) -> str:
-    """A short hash of the counted arguments: 32 hex digits, the same in every process.
+    """A short hash of the counted arguments: ``FINGERPRINT_CHARS`` hex digits, the same in every process.
 
     A parameter left at its default is left out (so adding an optional parameter
     keeps the fingerprints of earlier calls); secrets count by a hash of their
@@ -730,14 +730,17 @@ def fingerprint_of(arguments: collections.abc.Mapping[str, Any], counted: Finger
             value = arguments[name]
             if default is _NO_DEFAULT or not _is_default(value, default):
                 data[name] = value if type(value) in _PLAIN else _canonical(value)
-        text = _json_text(data)
+        text = "".join(_C_ENCODER(data, 0)) if _C_ENCODER is not None else _ENCODER.encode(data)  # _json_text, inline
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise InvalidArgumentTypeError(
             f"cannot fingerprint the arguments for {key!r}: {exc}; pass fingerprint= a function of the "
             "arguments that returns a str, a tuple of the parameters that count, or None",
             key=key,
         ) from exc
-    return hashlib.sha256(text.encode()).digest()[:_FINGERPRINT_BYTES].hex()
+    return _sha256(text.encode()).digest()[:_FINGERPRINT_BYTES].hex()
+
+
+_sha256 = hashlib.sha256
 
 
 def _is_default(value: Any, default: Any) -> bool:

@@ -332,6 +332,8 @@ class _Spec:
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The arguments by parameter name, defaults applied, as ``Signature.bind`` gives them."""
         names = self._plain_names
+        if names is not None and not kwargs and len(args) == len(names):
+            return dict(zip(names, args, strict=True))  # every parameter given by position: the common call
         if names is not None and len(args) <= len(names):
             # Plain parameters only: zip and fill in, a few times faster than bind().
             arguments = dict(zip(names, args, strict=False))  # names outnumber args when defaults fill in
@@ -390,8 +392,8 @@ class _Spec:
     def handle(self, kind: type[HandleT], call: _Call) -> HandleT:
         """The ``Claim`` or ``AsyncClaim`` of one call, from settings checked at decoration."""
         return kind._checked(
-            self.client, call.key, self.namespace, call.token or new_token(), self.lease, self.ttl, self.native,
-            self.replicas, self.replica_timeout_ms,
+            self._client or self.client, call.key, self.namespace, call.token or new_token(), self.lease, self.ttl,
+            self.native, self.replicas, self.replica_timeout_ms,
         )  # fmt: skip
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import _events
+from ._core import Stored
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -64,7 +65,8 @@ async def _flow(
     keeper: AsyncKeepAlive | None = None
     try:
         try:
-            outcome = await claim._acquire(None)
+            # Unobserved, a completed record comes back bare: its value, no Completed to build.
+            outcome = await claim._acquire(None, op is None)
             if op is not None:
                 op.note(outcome)
             if isinstance(outcome, InFlight):
@@ -79,7 +81,7 @@ async def _flow(
             # (Interrupted while a claim is on the wire, acquire() gives it back itself.)
             await _release_quietly(claim)
             raise
-        if isinstance(outcome, Completed):
+        if isinstance(outcome, (Stored, Completed)):
             spec.check_holder(claim._holder, call)  # the record's token carries the first call's fingerprint
             return spec.settle(outcome.value, call)
         if spec.keep_alive:

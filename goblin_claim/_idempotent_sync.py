@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import _events
+from ._core import Stored
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -62,7 +63,8 @@ def _flow(
     keeper: KeepAlive | None = None
     try:
         try:
-            outcome = claim._acquire(None)
+            # Unobserved, a completed record comes back bare: its value, no Completed to build.
+            outcome = claim._acquire(None, op is None)
             if op is not None:
                 op.note(outcome)
             if isinstance(outcome, InFlight):
@@ -77,7 +79,7 @@ def _flow(
             # (Interrupted while a claim is on the wire, acquire() gives it back itself.)
             _release_quietly(claim)
             raise
-        if isinstance(outcome, Completed):
+        if isinstance(outcome, (Stored, Completed)):
             spec.check_holder(claim._holder, call)  # the record's token carries the first call's fingerprint
             return spec.settle(outcome.value, call)
         if spec.keep_alive:

@@ -9,7 +9,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Literal, Union, overload
 
 from . import _events
 from ._clients import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
@@ -23,6 +23,7 @@ from ._core import (
     NativeMode,
     Outcome,
     Script,
+    Stored,
     adapted,
     native_command,
     owner_check,
@@ -249,8 +250,15 @@ class Claim(ClaimBase["SyncClient"]):
         """
         return self._acquire(None)
 
-    def _acquire(self, meanwhile: Meanwhile) -> Claimed | Completed | InFlight:
-        """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire."""
+    @overload
+    def _acquire(self, meanwhile: Meanwhile, bare: Literal[False] = ...) -> Claimed | Completed | InFlight: ...
+    @overload
+    def _acquire(self, meanwhile: Meanwhile, bare: bool) -> Claimed | Completed | InFlight | Stored: ...
+    def _acquire(self, meanwhile: Meanwhile, bare: bool = False) -> Claimed | Completed | InFlight | Stored:
+        """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire.
+
+        ``bare``: a completed record comes back as ``Stored``, its value alone.
+        """
         script, args = self._claim_call()
         sends = Sends()
         acknowledged = None
@@ -275,6 +283,8 @@ class Claim(ClaimBase["SyncClient"]):
             # re-send of our own claim (or a lost result); one read of holder and result,
             # together, tells them apart.
             reply = self._peek()
+        if bare and (stored := self._stored_of(reply, acknowledged)) is not None:
+            return stored
         resent = sends.count > 1
         outcome, self._holder = self._claim_outcome(
             reply, acknowledged, resent=resent, sent_at=sent_at, now=time.monotonic()
