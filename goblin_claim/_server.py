@@ -389,9 +389,9 @@ async def send_direct_async(
     loop = asyncio.get_running_loop()
     rounds = _ROUNDS.get(pool)
     if rounds is None or rounds.loop is not loop:
-        rounds = _ROUNDS[pool] = _Rounds(pool, loop)
+        rounds = _ROUNDS[pool] = _Rounds(loop)
     if rounds.on_wire:
-        return await rounds.join(command, meanwhile, sends)
+        return await rounds.join(pool, command, meanwhile, sends)
     rounds.on_wire += 1
     try:
         return await _send_alone_async(pool, command, meanwhile, sends)
@@ -418,22 +418,21 @@ class _Rounds:
     waits alone.
     """
 
-    __slots__ = ("gathering", "loop", "on_wire", "pool", "sending")
+    __slots__ = ("gathering", "loop", "on_wire", "sending")
 
-    def __init__(self, pool: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.pool = pool
-        self.loop = loop
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop  # not the pool: _ROUNDS holds its pools weakly
         self.on_wire = 0  # sends and rounds of this loop now between write and last reply
         self.gathering: list[_Joined] | None = None
         self.sending: set[asyncio.Task[None]] = set()  # the loop holds tasks weakly
 
     async def join(
-        self, command: tuple[object, ...], meanwhile: Callable[[], object] | None, sends: Sends | None
+        self, pool: Any, command: tuple[object, ...], meanwhile: Callable[[], object] | None, sends: Sends | None
     ) -> object:
         gathering = self.gathering
         if gathering is None or len(gathering) >= ROUND_LIMIT:
             gathering = self.gathering = []
-            task = self.loop.create_task(self._send(gathering))  # runs on the loop's next turn
+            task = self.loop.create_task(self._send(pool, gathering))  # runs on the loop's next turn
             self.sending.add(task)
             task.add_done_callback(self.sending.discard)
         joined = _Joined(command, self.loop.create_future(), sends)
@@ -441,7 +440,7 @@ class _Rounds:
         run_meanwhile(meanwhile)
         return await joined.reply
 
-    async def _send(self, gathering: list[_Joined]) -> None:
+    async def _send(self, pool: Any, gathering: list[_Joined]) -> None:
         if self.gathering is gathering:
             self.gathering = None  # from here, a new command gathers the next round
         joined = [one for one in gathering if not one.reply.done()]  # cancelled unsent: left out
@@ -450,7 +449,7 @@ class _Rounds:
         tries = Sends()
         self.on_wire += 1
         try:
-            replies = await send_direct_many_async(self.pool, [one.command for one in joined], tries)
+            replies = await send_direct_many_async(pool, [one.command for one in joined], tries)
         except BaseException as exc:
             for one in joined:
                 one.tried(tries)

@@ -604,3 +604,22 @@ def test_a_round_whose_replies_stall_times_out_once_and_leaves_no_reply_behind(s
                 await client.aclose()
 
         asyncio.run(main())
+
+
+def test_a_pool_that_shared_rounds_is_freed_with_its_client(server: servers.RedisProcess) -> None:
+    """The rounds a pool shared keep no hold on it: dropped with its client, it is freed."""
+    import gc
+    import weakref
+
+    from goblin_claim import _server
+
+    async def main() -> weakref.ref[Any]:
+        client, pool = _counting_client(server.port)
+        await asyncio.gather(*(AsyncClaim(client, unique("freed"), lease=30).acquire() for _ in range(50)))
+        assert pool in _server._ROUNDS
+        await client.aclose()
+        return weakref.ref(pool)
+
+    pool_ref = asyncio.run(main())
+    gc.collect()
+    assert pool_ref() is None
