@@ -33,10 +33,8 @@ connection, so a single black-holed connection does not keep a client's claims
 lost forever. At most one lane per client or node is set aside at a time.
 
 Entering or leaving a keep-alive costs a few microseconds: a heap push and a
-flag (sync), a timer scheduled and cancelled (asyncio). Sync ``@idempotent``
-begins its keep-alive while the claim is still on the wire, so the registration
-costs no time of its own; until the claim is known to be held (armed), a
-renewal that finds another holder is no loss, only too early.
+flag (sync), a timer scheduled and cancelled (asyncio). ``@idempotent`` begins
+one only once the claim is the call's, so a duplicate pays nothing for it.
 
 Not guaranteed: the lease's start is taken as the keep-alive's start (for
 ``@idempotent``, the moment the claim was sent), so a claim acquired long before
