@@ -810,7 +810,7 @@ def report(groups: dict[str, list[Contender]]) -> list[str]:
         ("held connection, pre-packed", "redis-py's asyncio send and its reading/parsing of the reply"),
         ("+ pool get/release", "BlockingConnectionPool: taking a connection and giving it back"),
         ("+ packing", "packing the command (the SDK's pack)"),
-        ("send_direct_async (+ Retry)", "the SDK's transport: Retry wrapper, closures"),
+        ("send_direct_async (+ Retry)", "the SDK's transport: tasks share round trips (one write per loop turn)"),
         ("AsyncClaim.acquire", "a new handle and acquire() itself: events wrapper, state, outcome"),
     ]
     for group, ladder, sdk, label in (

@@ -165,7 +165,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 with a cluster client.
         """
         client = adapted(client)  # a GLIDE client: its adapter, which the handles hold too
-        handles = [cls(client, key, **options) for key in keys]
+        handles = cls._many(client, keys, options)
         if not handles:
             return []
         first = handles[0]

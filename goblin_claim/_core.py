@@ -13,7 +13,7 @@ import itertools
 import os
 import random
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, Union, cast
@@ -64,6 +64,8 @@ __all__ = [
     "script_command",
     "with_owner_checks",
 ]
+
+DEFAULT_NAMESPACE: Final = "goblin"
 
 NativeMode = Literal["auto", "never", "always"]
 _NATIVE_MODES: Final = ("auto", "never", "always")
@@ -573,7 +575,7 @@ class ClaimBase(Generic[ClientT]):
         *,
         lease: int = 30,
         ttl: int = 86400,
-        namespace: str = "goblin",
+        namespace: str = DEFAULT_NAMESPACE,
         token: str | None = None,
         native: NativeMode = "auto",
         fencing: bool = False,
@@ -642,6 +644,32 @@ class ClaimBase(Generic[ClientT]):
         self._mine_until = 0.0
         self._fence = None
         return self
+
+    @classmethod
+    def _many(cls: type[HandleT], client: Any, keys: Iterable[str], options: dict[str, Any]) -> list[HandleT]:
+        """The handles of a batch: ``cls(client, key, **options)`` for each key, the options checked once.
+
+        The first handle is made by the constructor; the others copy its checked
+        settings and check only their own key (each draws its own token). With a
+        ``token`` or ``fencing`` in the options each goes through the constructor.
+        """
+        keys = list(keys)
+        if not keys:
+            return []
+        first = cls(client, keys[0], **options)
+        if "token" in options or first._fence_key is not None:
+            return [first, *(cls(client, key, **options) for key in keys[1:])]
+        handles = [first]
+        namespace = options.get("namespace", DEFAULT_NAMESPACE)  # the first handle checked it
+        made = first._client, first.lease, first.ttl, first._native, first._replicas, first._replica_timeout_ms
+        client, lease, ttl, native, replicas, replica_timeout_ms = made
+        for key in keys[1:]:
+            if type(key) is not str or not key or not key.isascii():
+                _check_text("key", key)
+            handles.append(
+                cls._checked(client, key, namespace, new_token(), lease, ttl, native, replicas, replica_timeout_ms)
+            )
+        return handles
 
     @classmethod
     def _with_keys(

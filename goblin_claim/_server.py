@@ -48,7 +48,7 @@ from ._clients import (
     SYNC_CLIENTS,
     TRANSIENT_ERRORS,
 )
-from ._core import PROBED_COMMANDS, SET_IFEQ, with_owner_checks
+from ._core import PROBED_COMMANDS, SCRIPTS, SET_IFEQ, with_owner_checks
 from ._errors import ConnectionFailedError, ServerError, ServerUnavailableError, WrongTypeError
 
 try:
@@ -226,18 +226,37 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
     """``command`` in RESP, as redis-py packs it, for the SDK's own arguments (str, bytes, int).
 
     The client's encoder gives the encoding for str; a long value is kept as its
-    own buffer, so a large result is not copied into the command.
+    own buffer, so a large result is not copied into the command. What recurs is
+    packed once: ``EVALSHA`` with one of the SDK's script SHAs, and small ints (a
+    lease, a key count).
     """
     encoding, errors = encoder.encoding, encoder.encoding_errors
     buffers: list[bytes] = []
+    args: Sequence[object] = command
     pending = [b"*%d\r\n" % len(command)]
-    for arg in command:
-        if type(arg) is bytes:
+    if command[0] == "EVALSHA" and len(command) > 1:
+        head = _HEADS.get((command[1], encoding))
+        if head is None and command[1] in _SHAS:
+            sha = command[1].encode(encoding, errors)
+            head = _HEADS[command[1], encoding] = b"$7\r\nEVALSHA\r\n$%d\r\n%b\r\n" % (len(sha), sha)
+        if head is not None:
+            pending.append(head)
+            args = command[2:]
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            data = arg.encode(encoding, errors)  # type: ignore[attr-defined]
+        elif kind is bytes:
             data = arg
-        elif type(arg) is str:
-            data = arg.encode(encoding, errors)
-        else:
-            data = b"%d" % arg  # type: ignore[str-format]  # an int, the only other kind
+        else:  # an int, the only other kind
+            piece = _INTS.get(arg) if kind is int else None  # type: ignore[call-overload]
+            if piece is None:
+                data = b"%d" % arg  # type: ignore[str-format]
+                piece = b"$%d\r\n%b\r\n" % (len(data), data)
+                if kind is int and len(_INTS) < _INTS_KEPT:
+                    _INTS[arg] = piece  # type: ignore[index]
+            pending.append(piece)
+            continue
         if len(data) > _JOIN_UP_TO:
             pending.append(b"$%d\r\n" % len(data))
             buffers += (b"".join(pending), data)
@@ -246,6 +265,14 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
             pending.append(b"$%d\r\n%b\r\n" % (len(data), data))
     buffers.append(b"".join(pending))
     return buffers
+
+
+# EVALSHA and the SHA of one of the SDK's scripts, packed, per encoding; and
+# small ints as packed, kept up to _INTS_KEPT of them.
+_SHAS = frozenset(script.sha for script in SCRIPTS)
+_HEADS: dict[tuple[object, str], bytes] = {}
+_INTS: dict[int, bytes] = {}
+_INTS_KEPT = 512
 
 
 class Sends:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.crc import key_slot
@@ -237,3 +238,32 @@ def test_checked_handles_equal_constructed_ones() -> None:
         )  # fmt: skip
         for slot in ClaimBase.__slots__:
             assert getattr(checked, slot) == getattr(made, slot), slot
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"lease": 7, "ttl": 70, "namespace": "ns"}, {"native": "never", "replicas": 1, "replica_timeout_ms": 250},
+     {"fencing": True}, {"token": "t-1"}],
+)  # fmt: skip
+def test_a_batchs_handles_equal_constructed_ones(options: dict[str, Any]) -> None:
+    """_many (acquire_many's handles, options checked once) sets every slot as __init__ does, each its own token."""
+    keys = ["evt88", "évt-89", "a{b}c", "x" * 300]
+    many = ClaimBase._many(None, keys, options)
+    assert len({handle.token for handle in many}) == (1 if "token" in options else len(keys))
+    for key, handle in zip(keys, many, strict=True):
+        made = ClaimBase(None, key, **options)  # type: ignore[arg-type]
+        for slot in ClaimBase.__slots__:
+            if slot != "token" or "token" in options:
+                assert getattr(handle, slot) == getattr(made, slot), (key, slot)
+
+
+@pytest.mark.parametrize("bad", ["", 5, "\ud800", None])
+@pytest.mark.parametrize("at", [0, 2])
+def test_a_bad_key_anywhere_in_a_batch_is_refused_as_the_constructor_refuses_it(bad: Any, at: int) -> None:
+    """A bad key first or later in the batch raises what ``Claim(client, bad)`` raises."""
+    keys: list[Any] = ["a", "b", "c"]
+    keys.insert(at, bad)
+    with pytest.raises((TypeError, ValueError)) as constructed:  # the SDK's errors are both
+        ClaimBase(None, bad)  # type: ignore[arg-type]
+    with pytest.raises(type(constructed.value)):
+        ClaimBase._many(None, keys, {})
