@@ -23,6 +23,7 @@ from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight
+from goblin_claim._core import SCRIPTS
 from goblin_claim._server import direct_pool, pack, state_of
 from tests import servers
 from tests.conftest import unique
@@ -70,6 +71,15 @@ def test_packing_matches_redis_py_byte_for_byte(name: str, args: list[Any]) -> N
     encoder = Encoder("utf-8", "strict", False)
     command = (name, *args)
     assert b"".join(pack(command, encoder)) == _redis_py_pack(command, encoder)
+
+
+@given(sha=st.sampled_from([script.sha for script in SCRIPTS]), args=st.lists(_args, max_size=8))
+def test_packing_of_the_sdks_scripts_matches_redis_py(sha: str, args: list[Any]) -> None:
+    """EVALSHA with one of the SDK's SHAs (its head packed once, per encoding) packs as redis-py packs it."""
+    for encoding in ("utf-8", "utf-16"):  # utf-16: the cached head is the encoding's own
+        encoder = Encoder(encoding, "strict", False)
+        command = ("EVALSHA", sha, *args)
+        assert b"".join(pack(command, encoder)) == _redis_py_pack(command, encoder)
 
 
 @given(args=st.lists(st.text(alphabet=st.characters(max_codepoint=255), max_size=20), max_size=6))
