@@ -176,6 +176,9 @@ def sync_rows(client: redis.Redis) -> list[Row]:
                 Contender("goblin @idempotent", first(deco)),
                 Contender("goblin @idempotent(keep_alive=False)", first(deco_no_keep)),
                 Contender("Powertools idempotency", first(lambda order: pt_charge(order=order))),
+                # No SDK at all: the two round trips through redis-py's execute_command, the
+                # ceiling for any library on this client.
+                Contender("raw EVALSHA claim + SET result", repeat(lambda: _raw_first_sync(client))),
             ],
             baseline="Powertools idempotency",
             targets={"goblin @idempotent": 1.5},
@@ -281,6 +284,12 @@ def async_rows(client: redis.asyncio.Redis, loop: asyncio.AbstractEventLoop) -> 
             baseline="raw EVALSHA claim + SET result",
         ),
     ]
+
+
+def _raw_first_sync(client: redis.Redis) -> None:
+    key = fresh("raw")
+    client.evalsha(CLAIM.sha, 2, f"bench:{{{key}}}:claim", f"bench:{{{key}}}:result", "t", LEASE)
+    client.set(f"bench:{{{key}}}:result", b'{"status":"charged"}', ex=LEASE)
 
 
 async def _raw_first(client: redis.asyncio.Redis) -> None:
