@@ -642,7 +642,12 @@ class AsyncKeepAlive(_Renewal):
         if self._loop is None:
             self._loop = loop = asyncio.get_running_loop()
             now = loop.time()
-            self._deadline = now + self._claim.lease
+            # The lease counts from before the claim was sent, where the handle knows when that
+            # was (on the monotonic clock, which the loop's own clock need not share).
+            left, held = self._claim.lease, self._claim._mine_until
+            if held > 0:
+                left = min(left, held - time.monotonic())
+            self._deadline = now + left
             self._timer = loop.call_at(_on_grid(now + self.interval), self._due)
 
     def _end(self) -> None:

@@ -731,3 +731,39 @@ async def _many_async(
     held = sum(token == claim.token.encode() for token, claim in zip(tokens, claims, strict=True))
     await client.aclose()
     return keepers, held, renewed / spent, cpu / spent
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_keep_alive_begun_late_counts_the_lease_from_the_claims_send(
+    redis_standalone: RedisProcess, kind: str
+) -> None:
+    """A keep-alive begun 0.5 s after its claim knows the lease has that much less left, sync and asyncio alike."""
+    lease = 10
+    if kind == "sync":
+        client = redis.Redis(host=HOST, port=redis_standalone.port)
+        try:
+            claim = Claim(client, unique("late-keeper"), lease=lease)
+            assert isinstance(claim.acquire(), Claimed)
+            time.sleep(0.5)
+            with claim.keep_alive() as keeper:
+                left = keeper._deadline - time.monotonic()
+            claim.release()
+        finally:
+            client.close()
+    else:
+
+        async def main() -> float:
+            client = redis.asyncio.Redis(host=HOST, port=redis_standalone.port)
+            try:
+                claim = AsyncClaim(client, unique("late-keeper"), lease=lease)
+                assert isinstance(await claim.acquire(), Claimed)
+                await asyncio.sleep(0.5)
+                async with claim.keep_alive() as keeper:
+                    remaining = keeper._deadline - asyncio.get_running_loop().time()
+                await claim.release()
+                return remaining
+            finally:
+                await client.aclose()
+
+        left = asyncio.run(main())
+    assert lease - 1.5 < left < lease - 0.45
