@@ -644,7 +644,8 @@ class AsyncKeepAlive(_Renewal):
             now = loop.time()
             # The lease counts from before the claim was sent, where the handle knows when that
             # was (on the monotonic clock, which the loop's own clock need not share).
-            left, held = self._claim.lease, self._claim._mine_until
+            left: float = self._claim.lease
+            held = self._claim._mine_until
             if held > 0:
                 left = min(left, held - time.monotonic())
             self._deadline = now + left
