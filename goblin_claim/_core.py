@@ -659,16 +659,16 @@ class ClaimBase(Generic[ClientT]):
         first = cls(client, keys[0], **options)
         if "token" in options or first._fence_key is not None:
             return [first, *(cls(client, key, **options) for key in keys[1:])]
-        handles = [first]
         namespace = options.get("namespace", DEFAULT_NAMESPACE)  # the first handle checked it
-        made = first._client, first.lease, first.ttl, first._native, first._replicas, first._replica_timeout_ms
-        client, lease, ttl, native, replicas, replica_timeout_ms = made
+        handles = [first]
         for key in keys[1:]:
             if type(key) is not str or not key or not key.isascii():
                 _check_text("key", key)
-            handles.append(
-                cls._checked(client, key, namespace, new_token(), lease, ttl, native, replicas, replica_timeout_ms)
-            )
+            handle = cls._checked(
+                first._client, key, namespace, new_token(), first.lease, first.ttl, first._native,
+                first._replicas, first._replica_timeout_ms,
+            )  # fmt: skip
+            handles.append(handle)
         return handles
 
     @classmethod

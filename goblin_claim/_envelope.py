@@ -236,10 +236,11 @@ class Codec(Generic[T]):
         """The value of a plain result envelope, read without the envelope's model; else ``OTHER``.
 
         Plain: as ``encode_result`` writes it without a fingerprint,
-        ``{"goblin":1,"value":...}``. The same value ``decode`` reads: what lies between that head and the closing
-        brace is valid JSON only when it is exactly the member's value. Anything
-        else (an error envelope, the previous format, bytes of another writer)
-        answers ``OTHER``, for ``decode`` to read or refuse.
+        ``{"goblin":1,"value":...}``. The same value ``decode`` reads: what lies
+        between that head and the closing brace is valid JSON only when it is
+        exactly the member's value. Anything else (an error envelope, the previous
+        format, bytes of another writer) answers ``OTHER``, for ``decode`` to read
+        or refuse.
         """
         if type(raw) is bytes:
             if not (raw.startswith(_VALUE_HEAD) and raw.endswith(b"}")):
@@ -730,7 +731,7 @@ def fingerprint_of(arguments: collections.abc.Mapping[str, Any], counted: Finger
             value = arguments[name]
             if default is _NO_DEFAULT or not _is_default(value, default):
                 data[name] = value if type(value) in _PLAIN else _canonical(value)
-        text = "".join(_C_ENCODER(data, 0)) if _C_ENCODER is not None else _ENCODER.encode(data)  # _json_text, inline
+        text = _json_text(data)
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise InvalidArgumentTypeError(
             f"cannot fingerprint the arguments for {key!r}: {exc}; pass fingerprint= a function of the "

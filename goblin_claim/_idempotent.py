@@ -392,8 +392,8 @@ class _Spec:
     def handle(self, kind: type[HandleT], call: _Call) -> HandleT:
         """The ``Claim`` or ``AsyncClaim`` of one call, from settings checked at decoration."""
         return kind._checked(
-            self._client or self.client, call.key, self.namespace, call.token or new_token(), self.lease, self.ttl,
-            self.native, self.replicas, self.replica_timeout_ms,
+            self.client, call.key, self.namespace, call.token or new_token(), self.lease, self.ttl, self.native,
+            self.replicas, self.replica_timeout_ms,
         )  # fmt: skip
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

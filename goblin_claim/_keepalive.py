@@ -36,10 +36,10 @@ Entering or leaving a keep-alive costs a few microseconds: a heap push and a
 flag (sync), a timer scheduled and cancelled (asyncio). ``@idempotent`` begins
 one only once the claim is the call's, so a duplicate pays nothing for it.
 
-Not guaranteed: the lease's start is taken as the keep-alive's start (for
-``@idempotent``, the moment the claim was sent), so a claim acquired long before
-its ``with claim.keep_alive():`` block has less lease left than assumed; and a
-renewal is "on schedule" to within the scheduler's coalescing of ``COALESCE``
+The lease counts from the moment the claim was sent (``lease_left``), however long
+after the claim the ``with claim.keep_alive():`` block begins.
+
+Not guaranteed: a renewal is "on schedule" to within the scheduler's coalescing of ``COALESCE``
 seconds (it may come that much early, never late because of another server).
 """
 
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     # What one renewal came to: renewed (True), not held (False), or a failure.
     Outcome = Union[bool, GoblinClaimError]  # noqa: UP007 -- a run-time alias on 3.10
 
-__all__ = ["COALESCE", "AsyncKeepAlive", "KeepAlive", "lease_margin", "retry_delay"]
+__all__ = ["COALESCE", "AsyncKeepAlive", "KeepAlive", "lease_left", "lease_margin", "retry_delay"]
 
 # Renewals due within this many seconds of each other go out together: a claim
 # may be renewed this much early, so claims that entered at different moments
@@ -162,6 +162,16 @@ class _Renewal:
         if _events.enabled:
             self._context = _events.owner()
             _events.track(self)
+
+
+def lease_left(claim: Claim | AsyncClaim) -> float:
+    """Seconds ``claim``'s lease has left, counted from before the claim was sent.
+
+    Where the handle knows when that was (``_mine_until``, on the monotonic clock);
+    else a whole lease.
+    """
+    held = claim._mine_until
+    return min(claim.lease, held - time.monotonic()) if held > 0 else claim.lease
 
 
 # --------------------------------------------------------------------------- sync
@@ -306,11 +316,10 @@ class _Renewer:
 
     def add(self, keeper: KeepAlive) -> None:
         now = time.monotonic()
-        # The lease counts from before the claim was sent, where the handle knows when that was.
-        deadline, held = now + keeper._claim.lease, keeper._claim._mine_until
+        deadline = now + lease_left(keeper._claim)
         with self._wake:
             keeper._number = number = next(self._numbers)
-            keeper._deadline = held if 0 < held < deadline else deadline
+            keeper._deadline = deadline
             self._live[number] = keeper
             self._push(keeper, now + keeper.interval)
             if self._thread is None:
@@ -642,13 +651,7 @@ class AsyncKeepAlive(_Renewal):
         if self._loop is None:
             self._loop = loop = asyncio.get_running_loop()
             now = loop.time()
-            # The lease counts from before the claim was sent, where the handle knows when that
-            # was (on the monotonic clock, which the loop's own clock need not share).
-            left: float = self._claim.lease
-            held = self._claim._mine_until
-            if held > 0:
-                left = min(left, held - time.monotonic())
-            self._deadline = now + left
+            self._deadline = now + lease_left(self._claim)  # the loop's clock need not be the monotonic one
             self._timer = loop.call_at(_on_grid(now + self.interval), self._due)
 
     def _end(self) -> None:
