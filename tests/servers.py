@@ -399,3 +399,270 @@ def _wait_sentinels_know_each_other(group: SentinelGroup, replicas: int, timeout
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --------------------------------------------------------------------------- a cluster with replicas
+
+# How long a cluster node may be unreachable before its peers count it as failed, for the
+# cluster with replicas: a replica is promoted a few seconds after its primary dies.
+CLUSTER_NODE_TIMEOUT_MS = 2000
+
+
+@dataclass
+class ClusterNode:
+    """One node of a cluster with replicas: its process (a new one after a restart) and its cluster id."""
+
+    server: RedisProcess
+    node_id: str
+
+    @property
+    def port(self) -> int:
+        """The node's client port (its cluster bus listens 10000 above it)."""
+        return self.server.port
+
+    @property
+    def alive(self) -> bool:
+        """Whether its process is running (a SIGSTOPped one counts as running)."""
+        return self.server.process.poll() is None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        """A sync client on this node alone (``socket_timeout`` 2 s unless given)."""
+        kwargs.setdefault("socket_timeout", 2.0)
+        kwargs.setdefault("socket_connect_timeout", 2.0)
+        return self.server.client(**kwargs)
+
+    def kill(self) -> None:
+        """SIGKILL the node and wait for it: it loses what it had not written to its AOF."""
+        if self.alive:
+            self.server.process.send_signal(signal.SIGCONT)  # a frozen node dies as well, but say so
+            self.server.process.kill()
+        self.server.process.wait(10)
+
+    def restart(self) -> None:
+        """Start a killed node again on its port and directory: it loads its AOF and ``nodes.conf``.
+
+        It rejoins under its old id; a primary that was failed over meanwhile comes back
+        as a replica of the node that took its slots.
+        """
+        self.server = restart(self.server)
+
+
+@dataclass
+class NodeView:
+    """One line of ``CLUSTER NODES``, as one node sees another."""
+
+    node_id: str
+    port: int
+    flags: frozenset[str]
+    primary_id: str | None
+    connected: bool
+    slots: frozenset[int]
+    moving: tuple[str, ...]  # ``[slot->-id]`` / ``[slot-<-id]`` entries: a migration under way
+
+    @property
+    def is_primary(self) -> bool:
+        """Whether it is a primary (``master``) in this view."""
+        return "master" in self.flags
+
+    @property
+    def failing(self) -> bool:
+        """Whether this view flags it as failed or possibly failed."""
+        return bool(self.flags & {"fail", "fail?", "noaddr", "handshake"})
+
+
+def cluster_nodes(client: redis.Redis) -> dict[str, NodeView]:
+    """``CLUSTER NODES`` of the node ``client`` talks to, by node id."""
+    text = _text(client.execute_command("CLUSTER", "NODES"))
+    views: dict[str, NodeView] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 8:
+            continue
+        slots: set[int] = set()
+        moving = []
+        for item in parts[8:]:
+            if item.startswith("["):
+                moving.append(item)
+            elif "-" in item:
+                first, last = item.split("-")
+                slots.update(range(int(first), int(last) + 1))
+            else:
+                slots.add(int(item))
+        address = parts[1].split("@")[0]
+        views[parts[0]] = NodeView(
+            node_id=parts[0],
+            port=int(address.rsplit(":", 1)[1]) if ":" in address and address.rsplit(":", 1)[1] else 0,
+            flags=frozenset(parts[2].split(",")),
+            primary_id=None if parts[3] == "-" else parts[3],
+            connected=parts[7] == "connected",
+            slots=frozenset(slots),
+            moving=tuple(moving),
+        )
+    return views
+
+
+@dataclass
+class ReplicatedCluster:
+    """A cluster of primaries, each with replicas (``nodes``: the primaries first, at start)."""
+
+    binary: str
+    nodes: list[ClusterNode]
+    primaries_wanted: int
+    replicas_per_primary: int
+
+    def by_id(self, node_id: str) -> ClusterNode:
+        """The node with this cluster id."""
+        return next(node for node in self.nodes if node.node_id == node_id)
+
+    def view(self, timeout: float = 10.0) -> dict[str, NodeView]:
+        """``CLUSTER NODES`` as the first live, answering node sees it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for node in self.nodes:
+                if not node.alive:
+                    continue
+                with (
+                    contextlib.suppress(redis.RedisError, OSError),
+                    contextlib.closing(node.client(socket_timeout=1.0)) as client,
+                ):
+                    return cluster_nodes(client)
+            if time.monotonic() > deadline:
+                raise RuntimeError("no cluster node answers CLUSTER NODES")
+            time.sleep(0.1)
+
+    def primaries(self) -> list[ClusterNode]:
+        """The nodes that are primaries holding slots now (as one live node sees it)."""
+        view = self.view()
+        return [self.by_id(v.node_id) for v in view.values() if v.is_primary and v.slots and not v.failing]
+
+    def replicas_of(self, primary: ClusterNode) -> list[ClusterNode]:
+        """The replicas of ``primary`` now (as one live node sees it)."""
+        view = self.view()
+        return [self.by_id(v.node_id) for v in view.values() if v.primary_id == primary.node_id]
+
+    def owner_of(self, slot: int) -> ClusterNode:
+        """The primary serving ``slot`` now (as one live node sees it)."""
+        view = self.view()
+        return self.by_id(next(v.node_id for v in view.values() if v.is_primary and slot in v.slots))
+
+    def problems(self) -> list[str]:
+        """What keeps the cluster from being whole: each an English sentence; empty when it is.
+
+        Whole: every node alive and answering, ``cluster_state:ok`` on each, every node seeing
+        the same primaries with every slot, none flagged failing, no slot migrating, and each
+        primary with ``replicas_per_primary`` replicas whose links are up.
+        """
+        found: list[str] = []
+        views: list[dict[str, NodeView]] = []
+        for node in self.nodes:
+            if not node.alive:
+                found.append(f"node {node.port} is not running")
+                continue
+            try:
+                with contextlib.closing(node.client(socket_timeout=1.0)) as client:
+                    if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                        found.append(f"node {node.port}: cluster_state is not ok")
+                    view = cluster_nodes(client)
+                    views.append(view)
+                    me = view.get(node.node_id)
+                    if me is not None and me.primary_id is not None:
+                        link = client.info("replication").get("master_link_status")
+                        if link != "up":
+                            found.append(f"replica {node.port}: master_link_status {link}")
+            except (redis.RedisError, OSError) as exc:
+                found.append(f"node {node.port} does not answer: {exc!r}")
+        for view in views:
+            if len(view) != len(self.nodes):
+                found.append(f"a node knows {len(view)} nodes of {len(self.nodes)}")
+            owners = {v.node_id: v.slots for v in view.values() if v.is_primary and v.slots}
+            covered = sum(len(slots) for slots in owners.values())
+            if len(owners) != self.primaries_wanted or covered != 16384:
+                found.append(f"a node sees {len(owners)} primaries holding {covered} slots")
+            for v in view.values():
+                if v.failing:
+                    found.append(f"node {v.port} flagged {','.join(sorted(v.flags))}")
+                if v.moving:
+                    found.append(f"node {v.port} has slots in migration: {' '.join(v.moving)}")
+                if v.is_primary and v.slots:
+                    count = sum(1 for r in view.values() if r.primary_id == v.node_id and not r.failing)
+                    if count != self.replicas_per_primary:
+                        found.append(f"primary {v.port} has {count} replicas")
+        if views and len({tuple(sorted((k, v.primary_id) for k, v in view.items())) for view in views}) > 1:
+            found.append("the nodes disagree on who replicates whom")
+        return sorted(set(found))
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Wait until ``problems()`` is empty; raise ``RuntimeError`` naming them at ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.problems()
+            if not found:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not heal: " + "; ".join(found))
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop every node by its PID (continued first, if frozen)."""
+        for node in self.nodes:
+            node.server.stop()
+
+
+def cluster_node_args(extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The arguments of a node of a cluster with replicas (``extra`` last: later arguments win)."""
+    return (
+        "--cluster-enabled", "yes",
+        "--cluster-config-file", "nodes.conf",
+        "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
+        "--appendonly", "yes",  # later than start_server's "--appendonly no": this one wins
+        *FAST_SYNC,
+        *extra,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def cluster_with_replicas(
+    binary: str, primaries: int = 3, replicas_per_primary: int = 1, extra: Sequence[str] = ()
+) -> Iterator[ReplicatedCluster]:
+    """A cluster of ``primaries`` primaries with ``replicas_per_primary`` replicas each, whole before this yields.
+
+    Every slot is covered, every replica's link is up (``CLUSTER REPLICATE``), and every
+    node says ``cluster_state:ok``. Nodes fail over quickly (``cluster-node-timeout``
+    2000 ms), keep an AOF (``appendonly yes``, so a killed node restarts with its data),
+    and start a replica's full sync at once (``FAST_SYNC``). ``extra`` goes to every node,
+    such as ``--min-replicas-to-write 1``. Stopped by PID on exit, whatever their state.
+    """
+    group = ReplicatedCluster(binary, [], primaries, replicas_per_primary)
+    try:
+        for _ in range(primaries * (1 + replicas_per_primary)):
+            server = start_server(binary, *cluster_node_args(extra))
+            with contextlib.closing(server.client()) as client:
+                node_id = _text(client.execute_command("CLUSTER MYID"))
+            group.nodes.append(ClusterNode(server, node_id))
+        _form(group)
+        group.wait_healthy(timeout=60)
+        yield group
+    finally:
+        group.stop()
+
+
+def _form(group: ReplicatedCluster) -> None:
+    # Slots to the primaries (ADDSLOTSRANGE), everyone MEETs the first node, then each
+    # replica follows its primary once it knows it (CLUSTER REPLICATE).
+    heads = group.nodes[: group.primaries_wanted]
+    _assign_slots([node.server for node in heads])
+    for node in group.nodes[group.primaries_wanted :]:
+        with contextlib.closing(node.client()) as client:
+            client.execute_command("CLUSTER MEET", HOST, heads[0].port)
+    deadline = time.monotonic() + 30
+    for index, node in enumerate(group.nodes[group.primaries_wanted :]):
+        primary = heads[index % group.primaries_wanted]
+        with contextlib.closing(node.client()) as client:
+            while True:
+                try:
+                    client.execute_command("CLUSTER REPLICATE", primary.node_id)
+                    break
+                except redis.ResponseError:  # it does not know the primary yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
