@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools
 
-.PHONY: demo test install redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers clean
+.PHONY: demo test install redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers chaos clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
@@ -130,6 +130,22 @@ bench-peers: $(STAMP) redis-server
 # on Valkey release and extend as scripts, as the module's GOBLIN.CAD, and as DELIFEQ / SET IFEQ.
 bench-server: $(STAMP) redis-server valkey-server native
 	$(BIN)/python benchmarks/server_cost.py --module $(MODULE) --valkey $(VALKEY_SERVER)
+
+# The nemesis by hand (tests/nemesis.py): CHAOS_RUNS schedules of CHAOS_SECONDS seconds of seeded
+# random faults over a Redis Cluster of three primaries with REPLICAS (1 or 2) replicas each, every
+# run on a fresh cluster, its figures printed as it ends and all of them again at the end.
+# RECIPE=1 runs the README's failover recipe (min-replicas-to-write 1, replicas=1 on the sync
+# claims), CHAOS_SERVER=valkey runs valkey-server, NEMESIS_SEED=<seed> replays a run (the runs
+# after it take the next seeds). Exits 1 when a run broke an invariant.
+CHAOS_SECONDS ?= 85
+CHAOS_RUNS ?= 8
+REPLICAS ?= 1
+RECIPE ?=
+CHAOS_SERVER ?= redis
+
+chaos: $(STAMP) $(if $(filter valkey,$(CHAOS_SERVER)),valkey-server,redis-server)
+	$(BIN)/python -m tests.nemesis --seconds $(CHAOS_SECONDS) --runs $(CHAOS_RUNS) --replicas $(REPLICAS) \
+		--server $(CHAOS_SERVER) $(if $(filter 1 yes true,$(RECIPE)),--recipe)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage $(NATIVE_DIR) $(VALKEY_DIR)
