@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Union, overload
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 
 from . import _events
-from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS
+from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, raised_by_client
+from ._cluster import is_redirect, node_round_async
 from ._core import (
     EXTEND,
     FORGET,
@@ -25,13 +26,20 @@ from ._core import (
     Outcome,
     Script,
     Stored,
+    WaitSchedule,
     adapted,
     native_command,
     owner_check,
     owner_check_command,
     script_command,
 )
-from ._errors import ConnectionFailedError, GoblinClaimError, InvalidArgumentError, UnreadableResultError
+from ._errors import (
+    ConnectionFailedError,
+    GoblinClaimError,
+    InvalidArgumentError,
+    ServerUnavailableError,
+    UnreadableResultError,
+)
 from ._keepalive import AsyncKeepAlive
 from ._outcomes import Claimed, Completed, InFlight
 from ._server import (
@@ -42,6 +50,7 @@ from ._server import (
     direct_pool,
     failed_async,
     is_out_of_memory,
+    is_reshaping,
     is_unknown_command,
     native_from_command_table,
     native_from_probe,
@@ -67,6 +76,8 @@ if TYPE_CHECKING:
     Meanwhile = Union[Callable[[], object], None]  # noqa: UP007
 
 __all__ = ["AsyncClaim"]
+
+T = TypeVar("T")
 
 
 class AsyncClaim(ClaimBase["AsyncClient"]):
@@ -159,18 +170,19 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 if isinstance(outcome, Claimed):
                     await claim.complete(await handle(claim.key))
 
+        With ``replicas`` on a cluster, each node's claims go in a round of their
+        own with its WAIT behind them (WAIT counts one connection's writes), and a
+        key whose slot moved is sent again on its new owner, alone.
+
         Raises:
             ConnectionFailedError: Redis could not be reached.
-            InvalidArgumentError: Bad options (before any I/O), or ``replicas``
-                with a cluster client.
+            InvalidArgumentError: Bad options (before any I/O).
         """
         client = adapted(client)  # a GLIDE client: its adapter, which the handles hold too
         handles = cls._many(client, keys, options)
         if not handles:
             return []
         first = handles[0]
-        if first._replicas and isinstance(client, ASYNC_CLUSTERS):
-            raise InvalidArgumentError("acquire_many(replicas=...) needs a standalone client", key=first.key)
         state = state_of(client)
         # One WAIT behind each round that wrote covers every claim of that round: a
         # pipeline is one connection. With replicas the claims are always scripts
@@ -182,9 +194,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             if not state.ready:
                 await _prepare(client, state)
             commands = [handle._claim_command(state.native) for handle in handles]
-            sends = Sends()
-            replies, waited = await _round(client, commands, wait, sends)
-            acknowledged = [waited] * len(replies)
+            routes = [handle.claim_key for handle in handles]
+            replies, acknowledged, resent = await _round(client, commands, wait, routes)
             again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
             if again:
                 if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
@@ -194,9 +205,10 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                     _events.notice(first, "script_reload", "reloaded")
                 sources = [handles[i]._claim_command(state.native, source=True) for i in again]
                 # The EVAL round wrote too (the first one's refused claims ran nothing): its own WAIT.
-                resent, waited = await _round(client, sources, wait)
-                for i, reply in zip(again, resent, strict=True):
-                    replies[i], acknowledged[i] = reply, waited
+                # The EVAL round's own re-sends are not counted: the claims in it ran nothing before.
+                sourced, waited, _ = await _round(client, sources, wait, [routes[i] for i in again])
+                for i, reply, count in zip(again, sourced, waited, strict=True):
+                    replies[i], acknowledged[i] = reply, count
             nils = [i for i, reply in enumerate(replies) if handles[i]._needs_peek(reply)]
             if nils:
                 # GOBLIN.CLAIM's nil (a holder's token, on one key): one read of each holder and
@@ -204,14 +216,14 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
                 for i, holder in zip(nils, await _pipelined(client, peeks), strict=True):
                     replies[i] = holder
-        except ERRORS as exc:
+        except Exception as exc:
+            if not raised_by_client(exc):
+                raise
             error = await failed_async(client, exc, first.key, f"a batch of {len(handles)} claims")
             if isinstance(error, ConnectionFailedError):
                 for handle in handles:
                     handle._claim_unknown(sent_at)  # each claim may have been taken
             raise error from exc
-        except Exception:
-            raise
         except BaseException:
             # Interrupted (a cancelled task) while claims were on the wire: any of them
             # may have been taken with its reply lost. Give them back.
@@ -219,11 +231,14 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 await handle._give_back()
             raise
         now = time.monotonic()
-        again_sent = sends.count > 1  # the first round, re-sent whole by the connection's Retry
-        return [
+        outcomes = [
             (handle, _batch_outcome(handle, reply, waited, sent_at, now, again_sent))
-            for handle, reply, waited in zip(handles, replies, acknowledged, strict=True)
+            for handle, reply, waited, again_sent in zip(handles, replies, acknowledged, resent, strict=True)
         ]
+        for i, reply in enumerate(replies):
+            if is_reshaping(reply):  # its slot is moving: claimed alone, while the lease lasts
+                outcomes[i] = (handles[i], await handles[i]._acquire_alone())
+        return outcomes
 
     @_events.observe("acquire")
     async def acquire(self) -> Claimed | Completed | InFlight:
@@ -251,6 +266,13 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         return await self._acquire(None)
 
+    async def _acquire_alone(self) -> Outcome | GoblinClaimError:
+        """``acquire()`` for one key of a batch, its failure in its outcome's place."""
+        try:
+            return await self._acquire(None)
+        except GoblinClaimError as exc:
+            return exc
+
     @overload
     async def _acquire(self, meanwhile: Meanwhile, bare: Literal[False] = ...) -> Claimed | Completed | InFlight: ...
     @overload
@@ -266,7 +288,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         sent_at = time.monotonic()
         try:
             if self._replicas:
-                reply, acknowledged = await self._call_and_wait(script, args, self.result_key)
+                reply, acknowledged = await self._call_and_wait(script, args, self.result_key, sends)
             else:
                 reply = await self._call(script, args, self.result_key, meanwhile=meanwhile, sends=sends)
         except ConnectionFailedError:
@@ -339,9 +361,13 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         Raises:
             ClaimLostError: The claim lapsed or was already completed.
         """
+        await self._extend(lease)
+
+    async def _extend(self, lease: int | None, persist: bool = True) -> None:
+        """``extend()``; ``persist=False`` sends it once, slot moving or not (a keep-alive retries on its own clock)."""
         seconds = self._extend_lease(lease)
         sent_at = time.monotonic()
-        if not await self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key):
+        if not await self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key, persist=persist):
             self._let_go()
             raise self._lost("extend")
         self._extended(sent_at, seconds)
@@ -449,8 +475,13 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 resent = await _pipelined(client, sources)
                 for i, reply in zip(again, resent, strict=True):
                     replies[i] = reply
-        except ERRORS as exc:
+        except Exception as exc:
+            if not raised_by_client(exc):
+                raise
             raise await failed_async(client, exc, first.key, f"a batch of {len(handles)} releases") from exc
+        for i, reply in enumerate(replies):
+            if is_reshaping(reply):  # its slot is moving: released alone, while the lease lasts
+                replies[i] = await handles[i].release()
         for handle, reply in zip(handles, replies, strict=True):
             if isinstance(reply, ERRORS):
                 raise translate(reply, handle.key, handle.claim_key) from reply
@@ -548,7 +579,52 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
 
     # -- the round trips
 
+    async def _persisting(self, attempt: Callable[[bool], Awaitable[T]], persist: bool = True) -> T:
+        """``attempt(first)``, sent again while a cluster moves the key's slot, for up to ``lease`` seconds.
+
+        A slot migrating key by key (``TRYAGAIN``), a redirection not followed, a
+        shard between primaries (``CLUSTERDOWN``): nothing ran, and the cluster
+        settles within moments (``is_reshaping``). Every command is safe to send
+        twice. Past the lease, or with ``persist=False``, the caller gets the
+        ``ServerUnavailableError``.
+        """
+        schedule: WaitSchedule | None = None
+        first = True
+        while True:
+            try:
+                return await attempt(first)
+            except ServerUnavailableError as exc:
+                if not persist or not is_reshaping(exc.__cause__):
+                    raise
+                if schedule is None:
+                    schedule = WaitSchedule(float(self.lease), self.key)
+                    schedule.start(time.monotonic())
+                delay = schedule.next_delay(time.monotonic())
+                if delay is None:
+                    raise
+            first = False
+            await _sleep(None, delay)
+
     async def _call(
+        self,
+        script: Script,
+        args: Args,
+        keys: str,
+        script_only: Args = (),
+        meanwhile: Meanwhile = None,
+        sends: Sends | None = None,
+        announce: Args | None = None,
+        persist: bool = True,
+    ) -> object:
+        """One round trip (``_call_once``), sent again while the cluster moves the key's slot (``_persisting``)."""
+        return await self._persisting(
+            lambda first: self._call_once(
+                script, args, keys, script_only, meanwhile if first else None, sends, announce
+            ),
+            persist,
+        )
+
+    async def _call_once(
         self,
         script: Script,
         args: Args,
@@ -603,16 +679,29 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 _unrun(sends)
                 _events.notice(self, "script_reload", "reloaded")
                 return await _send(client, state.direct, script_command(script, args, source=True), sends=sends)
-        except ERRORS as exc:
-            raise await failed_async(client, exc, self.key, keys) from exc
         except UnicodeDecodeError as exc:
             # A decode_responses client reading bytes someone else stored.
             raise UnreadableResultError(f"{keys} holds bytes this client cannot decode: {exc}", key=self.key) from exc
+        except Exception as exc:
+            if not raised_by_client(exc):
+                raise
+            raise await failed_async(client, exc, self.key, keys) from exc
 
-    async def _call_and_wait(self, script: Script, args: Args, keys: str) -> tuple[object, int]:
+    async def _call_and_wait(
+        self, script: Script, args: Args, keys: str, sends: Sends | None = None
+    ) -> tuple[object, int]:  # fmt: skip
+        """``_call_and_wait_once``, sent again while the cluster moves the key's slot (``_persisting``)."""
+        return await self._persisting(lambda _: self._call_and_wait_once(script, args, keys, sends))
+
+    async def _call_and_wait_once(
+        self, script: Script, args: Args, keys: str, sends: Sends | None
+    ) -> tuple[object, int]:  # fmt: skip
         """Run ``script`` and ``WAIT replicas timeout`` on one connection, in one round trip.
 
         Always the script: the reply and the WAIT must come from the same connection.
+        On a cluster that is a connection to the key's primary, followed through
+        ``MOVED`` and ``ASK`` (``_cluster``); ``sends`` then counts the sends that
+        may have run (see ``_call``).
         """
         client = self._client
         state = state_of(client)
@@ -621,25 +710,21 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 await _prepare(client, state)
             wait = ("WAIT", self._replicas, self._replica_timeout_ms)
             command = script_command(script, args)
-            reply, acknowledged = await _pipelined(client, [command, wait], pipe=self._wait_pipeline())
+            reply, acknowledged = await _waited(client, self.claim_key, [command, wait], sends)
             if isinstance(reply, NO_SCRIPT):
                 # Nothing ran, so nothing was waited for: both again, with the source.
+                _unrun(sends)
                 _events.notice(self, "script_reload", "reloaded")
                 command = script_command(script, args, source=True)
-                reply, acknowledged = await _pipelined(client, [command, wait], pipe=self._wait_pipeline())
+                reply, acknowledged = await _waited(client, self.claim_key, [command, wait], sends)
             for item in (reply, acknowledged):
                 if isinstance(item, Exception):
                     raise item
-        except ERRORS as exc:
+        except Exception as exc:
+            if not raised_by_client(exc):
+                raise
             raise await failed_async(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
-
-    def _wait_pipeline(self) -> Any:
-        """A pipeline whose WAIT counts this claim's write: on a cluster, one to the key's primary."""
-        client = self._client
-        if isinstance(client, ASYNC_CLUSTERS):
-            return _node_pipeline(client, self)
-        return self._client.pipeline(transaction=False)
 
 
 async def _send(
@@ -693,17 +778,66 @@ async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
             waiter.cancel()
 
 
+async def _waited(client: AsyncClient, key: str, commands: Sequence[Args], sends: Sends | None = None) -> list[object]:
+    """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary."""
+    if isinstance(client, ASYNC_CLUSTERS):
+        replies = await node_round_async(client, key, commands, sends)
+    else:
+        replies = await _pipelined(client, commands, pipe=client.pipeline(transaction=False))
+    return replies
+
+
 async def _round(
-    client: AsyncClient, commands: Sequence[Args], wait: Args | None, sends: Sends | None = None
-) -> tuple[list[object], int | None]:
-    """One pipelined round of a batch, with ``wait`` (a WAIT) behind it if given: the replies and WAIT's count."""
+    client: AsyncClient, commands: Sequence[Args], wait: Args | None, routes: Sequence[str]
+) -> tuple[list[object], list[int | None], list[bool]]:
+    """One pipelined round of a batch, with ``wait`` (a WAIT) behind it if given.
+
+    Returns each command's reply, the count WAIT gave it, and whether it may have
+    been sent twice (the round re-sent whole by the connection's ``Retry``; a
+    pipeline's re-send is redis-py's, unseen). On a cluster with ``wait``, each
+    node's commands (``routes``: their keys) go in a round of their own, each with
+    its WAIT; a command redirected there (its slot moved) goes again alone, on the
+    new owner.
+    """
+    if wait is not None and isinstance(client, ASYNC_CLUSTERS):
+        return await _node_rounds(client, commands, wait, routes)
+    sends = Sends()
     replies = await _pipelined(client, commands if wait is None else [*commands, wait], sends=sends)
+    resent = [sends.count > 1] * len(commands)
     if wait is None:
-        return replies, None
+        return replies, [None] * len(commands), resent
     waited = replies.pop()
     if isinstance(waited, Exception):
         raise waited  # cut short (UNBLOCKED by a demotion): the whole batch is in doubt
-    return replies, int(waited)  # type: ignore[call-overload]  # WAIT replies an int
+    return replies, [int(waited)] * len(commands), resent  # type: ignore[call-overload]  # WAIT replies an int
+
+
+async def _node_rounds(
+    client: AsyncClient, commands: Sequence[Args], wait: Args, routes: Sequence[str]
+) -> tuple[list[object], list[int | None], list[bool]]:
+    """``_round`` on a cluster with a WAIT: a round per node, each command's slot followed."""
+    nodes: dict[str, list[int]] = {}
+    for i, route in enumerate(routes):
+        node: Any = client.get_node_from_key(route)  # type: ignore[union-attr, no-untyped-call, unused-ignore]
+        nodes.setdefault(node.name, []).append(i)
+    replies: list[object] = [None] * len(commands)
+    acknowledged: list[int | None] = [None] * len(commands)
+    resent = [False] * len(commands)
+    pending = [(group, False) for group in nodes.values()]
+    while pending:
+        group, alone = pending.pop()
+        sends = Sends()
+        sent = [*(commands[i] for i in group), wait]
+        got = await node_round_async(client, routes[group[0]], sent, sends, follow=alone)
+        waited = got.pop()
+        if isinstance(waited, Exception):
+            raise waited  # cut short (UNBLOCKED by a demotion): the whole batch is in doubt
+        for i, reply in zip(group, got, strict=True):
+            if not alone and is_redirect(reply):
+                pending.append(([i], True))  # its slot lives elsewhere now: alone, followed to its owner
+            else:
+                replies[i], acknowledged[i], resent[i] = reply, int(waited), sends.count > 1  # type: ignore[call-overload]
+    return replies, acknowledged, resent
 
 
 async def _pipelined(
@@ -765,19 +899,6 @@ def _batch_outcome(
         return handle._claim_outcome(reply, acknowledged, resent=resent, sent_at=sent_at, now=now)[0]
     except GoblinClaimError as exc:  # this key's own failure, in its place
         return exc
-
-
-def _node_pipeline(client: RedisCluster, claim: AsyncClaim) -> Any:
-    """A pipeline to the primary of ``claim``'s slot: WAIT counts the writes of its own connection."""
-    # The asyncio cluster client hands each command whichever connection is free,
-    # so a WAIT would not count the claim's write.
-    raise InvalidArgumentError(
-        "replicas= needs one connection for the write and its WAIT, which "
-        "an asyncio cluster client (redis.asyncio.cluster.RedisCluster, "
-        "valkey.asyncio.cluster.ValkeyCluster) does not offer; "
-        "use it with a standalone asyncio client or a sync cluster client",
-        key=claim.key,
-    )
 
 
 async def _prepare(client: AsyncClient, state: ClientState) -> None:

@@ -36,12 +36,14 @@ __all__ = [
     "NO_PERMISSION",
     "NO_SCRIPT",
     "RESPONSE_ERRORS",
+    "SLOT_MOVING",
     "SYNC_CLIENTS",
     "TRANSIENT_ERRORS",
     "adapt",
     "is_glide",
     "make_node_client",
     "node_client",
+    "raised_by_client",
 ]
 
 
@@ -81,6 +83,12 @@ CONNECTION_ERRORS = _family("ConnectionError", "TimeoutError")
 # The answers a client reads as "cannot take the command now" (READONLY, LOADING,
 # TRYAGAIN, CLUSTERDOWN and MASTERDOWN); others of the kind keep their code in the text.
 TRANSIENT_ERRORS = _family("ReadOnlyError", "BusyLoadingError", "TryAgainError", "ClusterDownError")
+# A cluster whose slots are moving or whose shape is changing: a multi-key command
+# on a slot migrating key by key (TRYAGAIN), a redirection the client did not
+# follow (ASK, MOVED), the client's redirections used up ("TTL exhausted", after
+# TRYAGAIN sixteen times), a shard without a primary (CLUSTERDOWN), a slot no node
+# covers for a moment. Nothing ran; the cluster settles.
+SLOT_MOVING = _family("AskError", "TryAgainError", "ClusterError", "SlotNotCoveredError")
 # The pool had no connection to give (a ConnectionError, told apart for its advice).
 MAX_CONNECTIONS = _family("MaxConnectionsError")
 # NOPERM: the user's ACL refuses the command.
@@ -119,3 +127,33 @@ def adapt(client: Any) -> Any:
 
         return adapter_for(client)
     return client
+
+
+# The packages whose code talks to servers: a client library (redis-py, valkey-py,
+# GLIDE) or this one.
+_CLIENT_PACKAGES = frozenset(("redis", "valkey", "glide", "glide_sync", "glide_shared"))
+_OWN_PACKAGE = __name__.partition(".")[0]
+
+
+def raised_by_client(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a client library rather than out of this package's own code.
+
+    One of the library's exception classes always does. Any other ``Exception``
+    does when the innermost frame it passed through, of the client's code and
+    ours, is the client's: redis-py 8.1's asyncio cluster client, closing a node's
+    connections while other tasks write on them, raises ``AttributeError``
+    (a writer already gone) from inside its connection. A bug of ours (its
+    innermost such frame is ours) is not a server's failure, and stays what it is.
+    """
+    if isinstance(exc, ERRORS):
+        return True
+    if not isinstance(exc, Exception):
+        return False
+    innermost = None
+    trace = exc.__traceback__
+    while trace is not None:
+        package = str(trace.tb_frame.f_globals.get("__name__", "")).partition(".")[0]
+        if package == _OWN_PACKAGE or package in _CLIENT_PACKAGES:
+            innermost = package
+        trace = trace.tb_next
+    return innermost is not None and innermost != _OWN_PACKAGE

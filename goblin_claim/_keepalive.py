@@ -272,7 +272,7 @@ def _send_sync(client: Any, claims: Sequence[Claim]) -> list[Outcome]:
 
 def _extend_one(claim: Claim) -> Outcome:
     try:
-        claim.extend()
+        claim._extend(None, persist=False)  # once: this lane retries on its own clock
     except ClaimLostError:
         return False
     except GoblinClaimError as exc:
@@ -548,7 +548,7 @@ async def _send_async(claims: Sequence[AsyncClaim]) -> list[Outcome]:
 
 async def _extend_one_async(claim: AsyncClaim) -> Outcome:
     try:
-        await claim.extend()
+        await claim._extend(None, persist=False)
     except ClaimLostError:
         return False
     except GoblinClaimError as exc:

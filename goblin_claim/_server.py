@@ -41,10 +41,12 @@ import redis.asyncio.connection
 
 from ._clients import (
     ASYNC_CLIENTS,
+    CLUSTER_ERRORS,
     CONNECTION_ERRORS,
     ERRORS,
     MAX_CONNECTIONS,
     RESPONSE_ERRORS,
+    SLOT_MOVING,
     SYNC_CLIENTS,
     TRANSIENT_ERRORS,
 )
@@ -66,12 +68,15 @@ __all__ = [
     "failed",
     "failed_async",
     "is_out_of_memory",
+    "is_reshaping",
     "is_transient",
     "is_unknown_command",
     "native_from_command_table",
     "native_from_probe",
     "owner_check_unusable",
     "pack",
+    "packed_commands",
+    "read_replies",
     "reply_encoding",
     "run_meanwhile",
     "send_direct",
@@ -113,6 +118,8 @@ class ClientState:
     text: tuple[str, bool] | None = None
     wake: str | None = None
     direct: Any = None
+    # When a cluster client's slot table was last refreshed by the SDK (``_cluster``).
+    refreshed: float = 0.0
     # One lock per world: threads of a sync client, tasks of an asyncio client.
     sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     async_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -552,7 +559,7 @@ async def _send_alone_async(
     return await _on_connection_async(pool, attempt)
 
 
-def _packed(commands: Sequence[tuple[object, ...]], encoder: Any) -> list[bytes]:
+def packed_commands(commands: Sequence[tuple[object, ...]], encoder: Any) -> list[bytes]:
     """``commands`` as one buffer: a batch goes out in one write, not one per buffer."""
     packed: list[bytes] = []
     for command in commands:
@@ -572,7 +579,7 @@ def send_direct_many(pool: Any, commands: Sequence[tuple[object, ...]], sends: S
     def attempt(conn: Any) -> list[object]:
         if sends is not None:
             sends.count += 1
-        conn.send_packed_command(_packed(commands, conn.encoder))
+        conn.send_packed_command(packed_commands(commands, conn.encoder))
         replies: list[object] = []
         for _ in commands:
             try:
@@ -592,13 +599,13 @@ async def send_direct_many_async(
     async def attempt(conn: Any) -> list[object]:
         if sends is not None:
             sends.count += 1
-        await conn.send_packed_command(_packed(commands, conn.encoder))
+        await conn.send_packed_command(packed_commands(commands, conn.encoder))
         timeout = conn.socket_timeout if _ONE_DEADLINE and len(commands) > 1 else None
         if timeout is None or not isinstance(conn, redis.asyncio.connection.AbstractConnection):
-            return await _replies(conn, len(commands), None)
+            return await read_replies(conn, len(commands), None)
         try:
             async with asyncio.timeout(timeout):  # type: ignore[attr-defined]  # _ONE_DEADLINE: 3.11+
-                return await _replies(conn, len(commands), math.inf)
+                return await read_replies(conn, len(commands), math.inf)
         except TimeoutError as exc:  # the read, cut short, disconnected the connection
             raise redis.exceptions.TimeoutError(f"Timeout reading {len(commands)} replies") from exc
 
@@ -612,7 +619,7 @@ async def send_direct_many_async(
 _ONE_DEADLINE = hasattr(asyncio, "timeout") and tuple(map(int, re.findall(r"\d+", redis.__version__)[:2])) >= (8, 1)
 
 
-async def _replies(conn: Any, count: int, timeout: float | None) -> list[object]:
+async def read_replies(conn: Any, count: int, timeout: float | None) -> list[object]:
     """``count`` replies read off ``conn``, error replies as values: read whole, the connection stays in step."""
     replies: list[object] = []
     for _ in range(count):
@@ -690,14 +697,17 @@ def translate(exc: BaseException, key: str, keys: str) -> ServerError:
     """The goblin-claim error for a client's error; the caller raises it ``from exc``.
 
     Args:
-        exc: What the client raised (redis-py's or valkey-py's classes).
+        exc: What the client raised: redis-py's or valkey-py's classes, or any
+            other exception from inside a client library (see ``raised_by_client``),
+            which is a connection it broke under the command.
         key: The handle's key, carried by the error.
         keys: The Redis key(s) the command touched, for the message.
     """
     text = str(exc)
     if is_transient(exc):
         return ServerUnavailableError(
-            f"Redis cannot take a command on {keys} now (a failover, a demotion, a restart): {_code(exc)}{text}",
+            f"Redis cannot take a command on {keys} now (a failover, a demotion, a restart, "
+            f"slots moving): {_code(exc)}{text}",
             key=key,
         )
     if isinstance(exc, MAX_CONNECTIONS):
@@ -705,11 +715,31 @@ def translate(exc: BaseException, key: str, keys: str) -> ServerError:
             f"no free connection for {keys}: {text} (many concurrent tasks need a BlockingConnectionPool)",
             key=key,
         )
-    if isinstance(exc, CONNECTION_ERRORS):
+    if isinstance(exc, CONNECTION_ERRORS) or (isinstance(exc, CLUSTER_ERRORS) and _UNREACHABLE in text):
         return ConnectionFailedError(f"Redis unreachable while working on {keys}: {text}", key=key)
+    if not isinstance(exc, ERRORS):
+        return ConnectionFailedError(
+            f"the client failed while working on {keys}, its connection closed under the command: "
+            f"{type(exc).__name__}: {text}",
+            key=key,
+        )
     if "WRONGTYPE" in text:
         return WrongTypeError(f"{keys} holds a value that is not a string: {text}", key=key)
     return ServerError(f"Redis refused a command on {keys}: {text}", key=key)
+
+
+# A cluster client that reached no node at all (redis-py and valkey-py say it so).
+_UNREACHABLE = "cannot be connected"
+# A cluster client's own words for a shape it is still learning: a slot no node
+# covers, a node it knows of without a connection, nodes that disagree, a node
+# gone from the cluster.
+_RESHAPING = (
+    "not covered",
+    "has no redis_connection",
+    "has no valkey_connection",
+    "could not agree",
+    "doesn't exist in the cluster",
+)
 
 
 # Error replies of a server that cannot take the command now but will (or whose
@@ -728,15 +758,30 @@ def _code(exc: BaseException) -> str:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is a server's answer that it cannot take the command now (see ``_TRANSIENT_CODES``).
 
+    A cluster moving slots or changing shape is one too (``SLOT_MOVING``, and the
+    cluster client's own words for it: ``is_reshaping``).
+
     redis-py and valkey-py take the code off the text of the replies they know (``READONLY``,
     ``LOADING``, ...), and leaves it on the others (``UNBLOCKED``, ``NOREPLICAS``);
     a script's error keeps it too.
     """
-    if isinstance(exc, TRANSIENT_ERRORS):
+    if isinstance(exc, TRANSIENT_ERRORS) or is_reshaping(exc):
         return True
     if not isinstance(exc, ERRORS) or isinstance(exc, CONNECTION_ERRORS):
         return False
     return str(exc).lstrip("-").startswith(_TRANSIENT_CODES)
+
+
+def is_reshaping(exc: object) -> bool:
+    """Whether ``exc`` says a cluster is moving the slot or changing shape (``SLOT_MOVING``, ``_RESHAPING``).
+
+    Nothing ran, and the cluster settles within moments (a migration's next key,
+    a failover's promotion): the drivers send the command again while the lease
+    lasts rather than give their caller an error it can do nothing about.
+    """
+    if isinstance(exc, SLOT_MOVING):
+        return True
+    return isinstance(exc, CLUSTER_ERRORS) and any(words in str(exc) for words in _RESHAPING)
 
 
 def _reconnect_target(client: object) -> tuple[Any, bool]:

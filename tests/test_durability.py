@@ -151,16 +151,17 @@ def test_sync_cluster_waits_on_the_keys_primary(redis_cluster: list[servers.Redi
         client.close()
 
 
-def test_async_cluster_refuses_replicas_before_io(redis_cluster: list[servers.RedisProcess]) -> None:
-    """The asyncio cluster client cannot pin WAIT to the write's connection: a clear error, nothing written."""
+def test_async_cluster_waits_on_the_keys_primary(redis_cluster: list[servers.RedisProcess]) -> None:
+    """The asyncio cluster client takes replicas= too: the key's primary, 0 acknowledgements there, the claim held."""
 
     async def scenario() -> None:
         client = redis.asyncio.cluster.RedisCluster(host=servers.HOST, port=redis_cluster[0].port)
         try:
-            owner = AsyncClaim(client, unique(), replicas=1)
-            with pytest.raises(InvalidArgumentError, match="replicas="):
+            owner = AsyncClaim(client, unique(), replicas=1, replica_timeout_ms=100)
+            with pytest.raises(NotReplicatedError) as info:
                 await owner.acquire()
-            assert await client.exists(owner.claim_key) == 0
+            assert info.value.acknowledged == 0
+            assert await client.get(owner.claim_key) == owner.token.encode()
         finally:
             await client.aclose()
 

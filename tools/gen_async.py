@@ -24,9 +24,30 @@ DRIVER: list[tuple[str, str]] = [
     ("import contextlib\n", "import asyncio\nimport contextlib\n"),
     ("from redis.cluster import RedisCluster\n", "from redis.asyncio.cluster import RedisCluster\n"),
     (
-        "from ._clients import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client\n",
-        "from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS\n",
+        "from ._clients import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, raised_by_client\n",
+        "from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, raised_by_client\n",
     ),
+    ("from ._cluster import is_redirect, node_round\n", "from ._cluster import is_redirect, node_round_async\n"),
+    ("= node_round(client,", "= await node_round_async(client,"),
+    ("from collections.abc import Callable,", "from collections.abc import Awaitable, Callable,"),
+    (
+        "    def _persisting(self, attempt: Callable[[bool], T]",
+        "    async def _persisting(self, attempt: Callable[[bool], Awaitable[T]]",
+    ),
+    ("                return attempt(first)", "                return await attempt(first)"),
+    ("            _sleep(None, delay)", "            await _sleep(None, delay)"),
+    ("return self._persisting(", "return await self._persisting("),
+    ("    def _call_once(", "    async def _call_once("),
+    ("    def _call_and_wait_once(", "    async def _call_and_wait_once("),
+    ("    def _extend(", "    async def _extend("),
+    ("        self._extend(lease)", "        await self._extend(lease)"),
+    ("    def _acquire_alone(", "    async def _acquire_alone("),
+    ("handles[i]._acquire_alone()", "await handles[i]._acquire_alone()"),
+    ("replies[i] = handles[i].release()", "replies[i] = await handles[i].release()"),
+    ("def _waited(", "async def _waited("),
+    ("= _waited(client,", "= await _waited(client,"),
+    ("def _node_rounds(", "async def _node_rounds("),
+    ("return _node_rounds(client,", "return await _node_rounds(client,"),
     ("isinstance(client, CLUSTERS)", "isinstance(client, ASYNC_CLUSTERS)"),
     ("    from redis import Redis\n", "    from redis.asyncio import Redis\n"),
     ("SyncClient", "AsyncClient"),
@@ -135,29 +156,12 @@ DRIVER: list[tuple[str, str]] = [
         "                    claim.complete(handle(claim.key))",
         "                    await claim.complete(await handle(claim.key))",
     ),
-    ("claim: Claim) -> Any:", "claim: AsyncClaim) -> Any:"),
     ("    def release_many(", "    async def release_many("),
     ("handles: Iterable[Claim]) -> list[bool]:", "handles: Iterable[AsyncClaim]) -> list[bool]:"),
     ("    def forget(", "    async def forget("),
     ("    def _call_and_wait(", "    async def _call_and_wait("),
     ("reply = self._peek()", "reply = await self._peek()"),
     ("self._call_and_wait(", "await self._call_and_wait("),
-    (
-        "    node = client.get_node_from_key(claim.claim_key)  # type: ignore[no-untyped-call, unused-ignore]\n"
-        "    connection = node_client(node)\n"
-        "    if connection is None:\n"
-        '        raise InvalidArgumentError(f"no primary known for {claim.claim_key!r}", key=claim.key)\n'
-        "    return connection.pipeline(transaction=False)\n",
-        "    # The asyncio cluster client hands each command whichever connection is free,\n"
-        "    # so a WAIT would not count the claim's write.\n"
-        "    raise InvalidArgumentError(\n"
-        '        "replicas= needs one connection for the write and its WAIT, which "\n'
-        '        "an asyncio cluster client (redis.asyncio.cluster.RedisCluster, "\n'
-        '        "valkey.asyncio.cluster.ValkeyCluster) does not offer; "\n'
-        '        "use it with a standalone asyncio client or a sync cluster client",\n'
-        "        key=claim.key,\n"
-        "    )\n",
-    ),
 ]
 
 

@@ -1,0 +1,388 @@
+"""Claims on a Redis Cluster that changes shape: slots that move or migrate, connections killed under the client.
+
+Every test runs on a real cluster of three primaries with a replica each
+(``servers.cluster_with_replicas``), on redis-server and on valkey-server, one
+cluster per module and server kind; a test that moves a slot moves one of its own
+keys and leaves every slot owned by a primary when it ends. Slots are moved by
+hand, as ``redis-cli --cluster reshard`` does it: ``SETSLOT IMPORTING`` on the
+target, ``MIGRATING`` on the source, ``MIGRATE`` of the keys, then ``SETSLOT NODE``
+on every primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio.cluster
+import redis.cluster
+from redis.crc import key_slot
+
+from goblin_claim import (
+    AsyncClaim,
+    Claim,
+    Claimed,
+    Completed,
+    ConnectionFailedError,
+    GoblinClaimError,
+    ServerUnavailableError,
+    idempotent,
+)
+from goblin_claim._clients import raised_by_client
+from goblin_claim._server import pack, translate
+from tests import servers
+from tests.conftest import IN_CI, unique
+
+pytestmark = pytest.mark.slow
+
+
+def _binary(kind: str) -> str:
+    found = servers.redis_server_binary() if kind == "redis" else servers.valkey_server_binary()
+    if found is None:
+        message = f"{kind} server binary not found (make redis-server / make valkey-server)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture(scope="module", params=["redis", "valkey"])
+def shaped(request: pytest.FixtureRequest) -> Iterator[servers.ReplicatedCluster]:
+    """A 3+3 cluster of the given server kind, whole at the start of every test."""
+    with servers.cluster_with_replicas(_binary(request.param), primaries=3, replicas_per_primary=1) as group:
+        yield group
+
+
+@pytest.fixture
+def cluster(shaped: servers.ReplicatedCluster) -> Iterator[servers.ReplicatedCluster]:
+    """The module's cluster, checked whole before and after the test."""
+    shaped.wait_healthy(timeout=60)
+    yield shaped
+    shaped.wait_healthy(timeout=60)
+
+
+def _sync_client(group: servers.ReplicatedCluster) -> redis.cluster.RedisCluster:
+    return redis.cluster.RedisCluster(host=servers.HOST, port=group.nodes[0].port, socket_timeout=5)
+
+
+def _async_client(group: servers.ReplicatedCluster) -> redis.asyncio.cluster.RedisCluster:
+    return redis.asyncio.cluster.RedisCluster(
+        host=servers.HOST, port=group.nodes[0].port, socket_timeout=5, max_connections=1000
+    )
+
+
+class _Move:
+    """One slot's move from its owner to another primary, step by step."""
+
+    def __init__(self, group: servers.ReplicatedCluster, key: str) -> None:
+        self.group = group
+        self.slot = key_slot(key.encode())
+        self.source = group.owner_of(self.slot)
+        self.target = next(node for node in group.primaries() if node.node_id != self.source.node_id)
+
+    def begin(self) -> None:
+        """Mark the slot importing on the target and migrating on the source."""
+        with contextlib.closing(self.target.client()) as target:
+            target.execute_command("CLUSTER SETSLOT", self.slot, "IMPORTING", self.source.node_id)
+        with contextlib.closing(self.source.client()) as source:
+            source.execute_command("CLUSTER SETSLOT", self.slot, "MIGRATING", self.target.node_id)
+
+    def migrate(self, *keys: str) -> None:
+        """MIGRATE ``keys`` (all of the slot's when none are given) to the target."""
+        with contextlib.closing(self.source.client()) as source:
+            found = source.execute_command("CLUSTER GETKEYSINSLOT", self.slot, 1000)
+            names = list(keys) or [k if isinstance(k, str) else k.decode() for k in found]
+            if names:
+                source.execute_command("MIGRATE", servers.HOST, self.target.port, "", 0, 5000, "KEYS", *names)
+
+    def finish(self) -> None:
+        """Move the rest of the slot's keys and give the slot to the target on every primary."""
+        self.migrate()
+        for node in self.group.primaries():
+            with contextlib.closing(node.client()) as client:
+                client.execute_command("CLUSTER SETSLOT", self.slot, "NODE", self.target.node_id)
+        deadline = time.monotonic() + 20
+        while self.group.owner_of(self.slot).node_id != self.target.node_id or self.group.problems():
+            assert time.monotonic() < deadline, "the slot's move did not settle"
+            time.sleep(0.05)
+
+
+def test_sync_replicas_follow_a_moved_slot(cluster: servers.ReplicatedCluster) -> None:
+    """After the key's slot moved, replicas=1 sends claim and complete to the new owner, WAIT counting its replica."""
+    client = _sync_client(cluster)
+    try:
+        key = unique()
+        warm = Claim(client, unique(), replicas=1, replica_timeout_ms=2000)
+        assert isinstance(warm.acquire(), Claimed)  # the client's slot table is loaded before the move
+        move = _Move(cluster, f"goblin:{{{key}}}")
+        move.begin()
+        move.finish()
+        owner = Claim(client, key, replicas=1, replica_timeout_ms=2000)
+        assert isinstance(owner.acquire(), Claimed)
+        owner.complete("done")
+        with contextlib.closing(move.target.client()) as target:
+            assert target.exists(owner.claim_key) == 1
+        assert Claim(client, key, replicas=1, replica_timeout_ms=2000).acquire() == Completed(key=key, value=b"done")
+        # Every later call on that slot works too: the table was corrected, not worked around once.
+        for _ in range(5):
+            again = Claim(client, unique() + key, replicas=1, replica_timeout_ms=2000)
+            assert isinstance(again.acquire(), Claimed)
+    finally:
+        client.close()
+
+
+def test_sync_replicas_follow_ask_mid_migration(cluster: servers.ReplicatedCluster) -> None:
+    """Mid-migration, with the record already moved, complete() goes to the importing node behind ASKING."""
+    client = _sync_client(cluster)
+    try:
+        key = unique()
+        owner = Claim(client, key, replicas=1, replica_timeout_ms=2000)
+        assert isinstance(owner.acquire(), Claimed)
+        move = _Move(cluster, owner.claim_key)
+        move.begin()
+        move.migrate(owner.claim_key)  # the source now answers ASK for it
+        try:
+            owner.complete("done")
+            with contextlib.closing(move.target.client()) as target:
+                target.execute_command("ASKING")
+                assert target.get(owner.claim_key) is not None
+        finally:
+            move.finish()
+        assert Claim(client, key).acquire() == Completed(key=key, value=b"done")
+    finally:
+        client.close()
+
+
+def test_async_replicas_on_a_cluster_follow_a_moved_slot(cluster: servers.ReplicatedCluster) -> None:
+    """The asyncio cluster client takes replicas=: WAIT counts the replica, and a moved slot is followed."""
+
+    async def scenario() -> None:
+        client = _async_client(cluster)
+        try:
+            key = unique()
+            first = AsyncClaim(client, unique(), replicas=1, replica_timeout_ms=2000)
+            assert isinstance(await first.acquire(), Claimed)
+            move = _Move(cluster, f"goblin:{{{key}}}")
+            await asyncio.to_thread(move.begin)
+            await asyncio.to_thread(move.finish)
+            owner = AsyncClaim(client, key, replicas=1, replica_timeout_ms=2000)
+            assert isinstance(await owner.acquire(), Claimed)
+            await owner.complete("done")
+            again = AsyncClaim(client, key, replicas=1, replica_timeout_ms=2000)
+            assert await again.acquire() == Completed(key=key, value=b"done")
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_acquire_many_with_replicas_waits_once_per_node(cluster: servers.ReplicatedCluster) -> None:
+    """acquire_many(replicas=1) on a cluster claims keys of every node, each node's WAIT counting its replica."""
+    client = _sync_client(cluster)
+    try:
+        keys = [unique() for _ in range(30)]
+        got = Claim.acquire_many(client, keys, replicas=1, replica_timeout_ms=2000)
+        assert [type(outcome) for _, outcome in got] == [Claimed] * len(keys)
+        nodes = {client.get_node_from_key(handle.claim_key).name for handle, _ in got}
+        assert len(nodes) == 3
+        for handle, _ in got:
+            handle.complete("v")
+        again = Claim.acquire_many(client, keys, replicas=1, replica_timeout_ms=2000)
+        assert [outcome for _, outcome in again] == [Completed(key=k, value=b"v") for k in keys]
+    finally:
+        client.close()
+
+
+def test_async_acquire_many_with_replicas_follows_a_moved_slot(cluster: servers.ReplicatedCluster) -> None:
+    """The asyncio acquire_many(replicas=1) claims a key whose slot moved after the client loaded its table."""
+
+    async def scenario() -> None:
+        client = _async_client(cluster)
+        try:
+            keys = [unique() for _ in range(12)]
+            await client.initialize()
+            move = _Move(cluster, f"goblin:{{{keys[0]}}}")
+            await asyncio.to_thread(move.begin)
+            await asyncio.to_thread(move.finish)
+            got = await AsyncClaim.acquire_many(client, keys, replicas=1, replica_timeout_ms=2000)
+            assert [type(outcome) for _, outcome in got] == [Claimed] * len(keys)
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def _split_fenced(cluster: servers.ReplicatedCluster, claim: Claim | AsyncClaim, held_ms: int) -> _Move:
+    """Begin moving ``claim``'s slot with its record moved and its fence counter not: TRYAGAIN for both together.
+
+    The record is another holder's claim for ``held_ms``; the counter stands at 1.
+    """
+    move = _Move(cluster, claim.claim_key)
+    with contextlib.closing(move.source.client()) as source:
+        source.incr(claim._fence_key)  # type: ignore[arg-type]
+        source.set(claim.claim_key, "someone-else", px=held_ms)
+    move.begin()
+    move.migrate(claim.claim_key)
+    return move
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_fenced_claim_in_a_migrating_slot_waits_for_the_move(cluster: servers.ReplicatedCluster, flavour: str) -> None:
+    """A fenced acquire() meeting TRYAGAIN (record moved, fence counter not) is sent again until the move ends."""
+    key = unique()
+    with contextlib.closing(_sync_client(cluster)) as client:
+        move = _split_fenced(cluster, Claim(client, key, fencing=True), held_ms=300)
+    finisher = threading.Timer(1.0, move.finish)
+    started = time.monotonic()
+    finisher.start()
+    try:
+        if flavour == "sync":
+            with contextlib.closing(_sync_client(cluster)) as client:
+                outcome = Claim(client, key, fencing=True, lease=10).acquire()
+        else:
+
+            async def scenario() -> object:
+                client = _async_client(cluster)
+                try:
+                    return await AsyncClaim(client, key, fencing=True, lease=10).acquire()
+                finally:
+                    await client.aclose()
+
+            outcome = asyncio.run(scenario())
+    finally:
+        finisher.join()
+    assert isinstance(outcome, Claimed)
+    assert outcome.fence == 2
+    assert 0.9 < time.monotonic() - started < 10
+
+
+def test_migration_that_outlasts_the_lease_is_server_unavailable(cluster: servers.ReplicatedCluster) -> None:
+    """A fenced claim's TRYAGAIN that lasts past the lease raises ServerUnavailableError, retried no longer."""
+    with contextlib.closing(_sync_client(cluster)) as client:
+        claim = Claim(client, unique(), fencing=True, lease=1)
+        move = _split_fenced(cluster, claim, held_ms=30_000)
+        try:
+            started = time.monotonic()
+            with pytest.raises(ServerUnavailableError) as info:
+                claim.acquire()
+            assert 0.9 < time.monotonic() - started < 6
+            assert "TRYAGAIN" in str(info.value) or "TTL exhausted" in str(info.value)
+        finally:
+            move.finish()
+
+
+def test_a_client_library_failure_is_a_connection_failure() -> None:
+    """An exception raised inside a client library's code (not one of its classes) is ConnectionFailedError."""
+
+    async def write_on_a_closed_connection() -> None:
+        connection = redis.asyncio.Connection()
+        await connection._send_packed_command([b"PING\r\n"])  # its writer is gone: AttributeError inside redis-py
+
+    with pytest.raises(AttributeError) as info:
+        asyncio.run(write_on_a_closed_connection())
+    assert raised_by_client(info.value)
+    error = translate(info.value, "k", "goblin:{k}")
+    assert type(error) is ConnectionFailedError
+    assert "AttributeError" in str(error)
+
+
+def test_our_own_bug_is_not_taken_for_the_clients() -> None:
+    """An exception raised in goblin-claim's own code, even called back from the client's, stays what it is."""
+    connection = redis.Connection()
+    with pytest.raises(TypeError) as info:
+        # pack() refuses an argument kind the SDK never sends, from inside redis-py's Retry.
+        connection.retry.call_with_retry(lambda: pack(("GET", object()), connection.encoder), lambda _: None)
+    assert not raised_by_client(info.value)
+    with pytest.raises(redis.exceptions.ConnectionError) as refused:
+        redis.Redis(port=servers.free_port(), socket_connect_timeout=0.5, retry=None).ping()
+    assert raised_by_client(refused.value)
+
+
+def test_client_kill_storm_reaches_callers_typed(cluster: servers.ReplicatedCluster) -> None:
+    """150 tasks and 32 threads claim while every primary's clients are killed over and over: typed errors only."""
+    stop = threading.Event()
+    kills = 0
+
+    def storm() -> None:
+        nonlocal kills
+        while not stop.is_set():
+            for node in cluster.primaries():
+                with contextlib.suppress(redis.RedisError, OSError), contextlib.closing(node.client()) as admin:
+                    admin.execute_command("CLIENT KILL TYPE normal SKIPME yes")
+                    kills += 1
+            time.sleep(0.02)
+
+    untyped: list[BaseException] = []
+    typed: list[GoblinClaimError] = []
+    runs: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def tally(exc: BaseException) -> None:
+        with lock:
+            (typed if isinstance(exc, GoblinClaimError) else untyped).append(exc)  # type: ignore[arg-type]
+
+    def work(key: str) -> str:
+        with lock:
+            runs[key] = runs.get(key, 0) + 1
+        return f"ran {key}"
+
+    async def tasks(deadline: float) -> None:
+        client = _async_client(cluster)
+
+        @idempotent(client, key="key", namespace=unique("storm"), lease=10)
+        async def once(key: str) -> str:
+            return work(key)
+
+        async def one(index: int) -> None:
+            while time.monotonic() < deadline:
+                try:
+                    await once(f"a{index}-{int(time.monotonic() * 4)}")
+                except Exception as exc:
+                    tally(exc)
+
+        try:
+            await asyncio.gather(*(one(i) for i in range(150)))
+        finally:
+            await client.aclose()
+
+    def threads(deadline: float) -> None:
+        client = _sync_client(cluster)
+
+        @idempotent(client, key="key", namespace=unique("storm"), lease=10)
+        def once(key: str) -> str:
+            return work(key)
+
+        def one(index: int) -> None:
+            while time.monotonic() < deadline:
+                try:
+                    once(f"s{index}-{int(time.monotonic() * 4)}")
+                except Exception as exc:
+                    tally(exc)
+
+        workers = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        client.close()
+
+    killer = threading.Thread(target=storm)
+    killer.start()
+    try:
+        deadline = time.monotonic() + 6
+        sync_side = threading.Thread(target=threads, args=(deadline,))
+        sync_side.start()
+        asyncio.run(tasks(deadline))
+        sync_side.join()
+    finally:
+        stop.set()
+        killer.join()
+    assert kills > 10
+    assert untyped == [], sorted({f"{type(e).__name__}: {e}" for e in untyped})[:5]
+    assert all(isinstance(e, ConnectionFailedError) for e in typed), sorted({type(e).__name__ for e in typed})
+    assert all(count == 1 for count in runs.values()), {k: v for k, v in runs.items() if v != 1}
