@@ -168,7 +168,11 @@ class WrongTypeError(ServerError):
 
 
 class ConnectionFailedError(ServerError):
-    """The server could not be reached, or did not answer in time.
+    """The server could not be reached, or did not answer in time, or the client broke under the command.
+
+    The last is what a client library raises that is not one of its own classes
+    (redis-py 8.1's asyncio cluster client writing on a connection another task
+    closed raises ``AttributeError``): it is kept as ``__cause__``.
 
     Transient: ``wait()`` polls through it, and ``@idempotent`` retries its final
     write while the lease lasts (every command is safe to send twice).
@@ -183,8 +187,11 @@ class ServerUnavailableError(ConnectionFailedError):
     data (``LOADING``), a replica cut off from its primary (``MASTERDOWN``), a
     primary without the replicas ``min-replicas-to-write`` asks for
     (``NOREPLICAS``), a cluster moving slots or failing over (``TRYAGAIN``,
-    ``CLUSTERDOWN``). The connection that answered is dropped, so the next try
-    connects again (and follows a failover behind a proxy or a DNS name).
+    ``CLUSTERDOWN``, ``ASK``/``MOVED`` left unfollowed, the cluster client's
+    "TTL exhausted" after its redirections). The connection that answered is
+    dropped, so the next try connects again (and follows a failover behind a
+    proxy or a DNS name). A cluster moving the key's slot is sent again by the
+    handle itself for up to ``lease`` seconds before this is raised.
     """
 
 

@@ -139,14 +139,53 @@ def test_errors_carry_the_key() -> None:
     assert ClaimLostError("x", key="k", result=3).result == 3
 
 
+def _drawn_tree(text: str) -> dict[str, str | None]:
+    """The classes of an error tree drawn with box characters, each with its parent (``None`` for the root)."""
+    lines = [line for line in text.splitlines() if re.match(r"\s*(?:[│ ]*[├└]── )?[A-Z]\w*Error\b", line)]
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("GoblinClaimError"))
+    parents: dict[str, str | None] = {}
+    stack: list[tuple[int, str]] = []  # (depth, name) of the branch above
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    for line in lines[start:]:
+        match = re.match(r"((?:[│ ]   )*)(?:[├└]── )?([A-Z]\w*Error)\b", line[indent:])
+        if match is None:
+            break
+        depth = len(match.group(1)) // 4 + (1 if "── " in line else 0)
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        if parents and not stack:
+            break  # past the tree
+        parents[match.group(2)] = stack[-1][1] if stack else None
+        stack.append((depth, match.group(2)))
+    return parents
+
+
+def _error_classes() -> dict[str, str | None]:
+    """Every error class the package defines, with the goblin-claim class it derives from."""
+    found: dict[str, str | None] = {"GoblinClaimError": None}
+    pending = [GoblinClaimError]
+    while pending:
+        cls = pending.pop()
+        for sub in cls.__subclasses__():
+            if sub.__module__.startswith("goblin_claim"):
+                found[sub.__name__] = cls.__name__
+                pending.append(sub)
+    return found
+
+
 def test_error_tree_is_drawn_in_the_docstring() -> None:
-    """The errors module's docstring names every exported error class."""
+    """The errors module's docstring draws every error class the package defines, each under its parent."""
     from goblin_claim import _errors
 
-    doc = _errors.__doc__ or ""
-    for name in goblin_claim.__all__:
-        if name.endswith("Error"):
-            assert name in doc, name
+    assert _drawn_tree(_errors.__doc__ or "") == _error_classes()
+    assert {name for name in goblin_claim.__all__ if name.endswith("Error")} == set(_error_classes())
+
+
+def test_error_tree_in_the_readme_is_the_code() -> None:
+    """The README's error tree lists every error the package raises, each under its parent."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    section = readme[readme.index("\n## Errors\n") :]
+    assert _drawn_tree(section) == _error_classes()
 
 
 def test_every_test_the_readme_names_exists() -> None:
