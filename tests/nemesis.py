@@ -150,17 +150,27 @@ def seed_from_env(seed: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """One planned fault: when (seconds from the start, at the earliest), what, and its random picks."""
+    """One planned fault: when (seconds from the start, at the earliest), what, and its random picks.
+
+    A heavy fault may have a light companion (a storm, a flush, a sleep) that starts
+    ``companion_delay`` seconds into it, on a thread of its own: faults composed.
+    """
 
     at: float
     kind: str
     length: float  # seconds: a stop, a storm, a kill's downtime, a DEBUG SLEEP, a migration's first pause
     pick: float  # which node (or slot) among those that fit, as a fraction
     pick2: float  # a second choice (a replica, a target primary)
+    companion: FaultPlan | None = None
+    companion_delay: float = 0.0
+
+
+HEAVY_KINDS = ("kill", "stop", "failover", "migrate")
+LIGHT_KINDS = ("client-kill", "script-flush", "debug-sleep")
 
 
 def plan_faults(rng: random.Random, seconds: float, kinds: Sequence[str]) -> list[FaultPlan]:
-    """The fault schedule: faults one after another over ``seconds``, with random gaps."""
+    """The fault schedule: faults one after another over ``seconds``, with random gaps, some composed."""
     lengths: dict[str, Callable[[], float]] = {
         "kill": lambda: rng.uniform(3.0, 6.0),
         "stop": lambda: rng.uniform(1.0, 4.0),
@@ -170,10 +180,17 @@ def plan_faults(rng: random.Random, seconds: float, kinds: Sequence[str]) -> lis
         "script-flush": lambda: float(rng.randint(1, 5)),
         "debug-sleep": lambda: rng.uniform(0.5, 1.0),
     }
+    light = [kind for kind in LIGHT_KINDS if kind in kinds]
     plans, at = [], rng.uniform(1.0, 3.0)
     while at < seconds:
         kind = rng.choice(list(kinds))
-        plan = FaultPlan(round(at, 3), kind, round(lengths[kind](), 3), rng.random(), rng.random())
+        length = round(lengths[kind](), 3)
+        companion, delay = None, 0.0
+        if kind in HEAVY_KINDS and light and rng.random() < 0.35:
+            other = rng.choice(light)
+            companion = FaultPlan(round(at, 3), other, round(lengths[other](), 3), rng.random(), rng.random())
+            delay = round(rng.uniform(0.0, max(length, 1.0)), 3)
+        plan = FaultPlan(round(at, 3), kind, length, rng.random(), rng.random(), companion, delay)
         plans.append(plan)
         at += plan.length + rng.uniform(1.0, 3.0)
     return plans
@@ -222,6 +239,7 @@ class SeenError:
     text: str
     result: object
     trace: str
+    cause: str = ""  # the redis-py exception a GoblinClaimError was raised from
 
 
 @dataclass
@@ -250,6 +268,7 @@ class Caller:
                 str(exc)[:300],
                 getattr(exc, "result", None),
                 trace,
+                f"{type(exc.__cause__).__qualname__}: {str(exc.__cause__)[:200]}" if exc.__cause__ else "",
             )
         )
 
@@ -875,14 +894,13 @@ class Nemesis:
                 if now() - t0 >= self.settings.seconds:
                     break
                 self._whole(30)
-                event = FaultEvent(plan.kind, now())
-                self.events.append(event)
-                try:
-                    getattr(self, "_" + plan.kind.replace("-", "_"))(plan, event)
-                except Exception as exc:
-                    self.failures.append(f"{plan.kind} at {event.start - t0:.1f}s: {exc!r}")
-                    self.log(f"{plan.kind} failed: {exc!r}")
-                event.end = now()
+                side = None
+                if plan.companion is not None:
+                    side = threading.Thread(target=self._companion, args=(plan,), name="nemesis-companion")
+                    side.start()
+                event = self._do(plan)
+                if side is not None:
+                    side.join(60)
                 self._heal_all()
                 self._whole(60)
                 event.healed = now()
@@ -897,6 +915,29 @@ class Nemesis:
         finally:
             self._heal_all()
             self._whole(90)
+
+    def _do(self, plan: FaultPlan, strict: bool = True) -> FaultEvent:
+        """Do one fault and note it (its end, not its healing); ``strict``: a failure to do it counts."""
+        event = FaultEvent(plan.kind, now())
+        self.events.append(event)
+        try:
+            getattr(self, "_" + plan.kind.replace("-", "_"))(plan, event)
+        except Exception as exc:
+            if strict:
+                self.failures.append(f"{plan.kind} at {event.start - self.t0:.1f}s: {exc!r}")
+            event.detail = event.detail or f"cut short: {exc!r}"  # a companion's target frozen or killed
+            self.log(f"{plan.kind} failed: {exc!r}")
+        event.end = now()
+        return event
+
+    def _companion(self, plan: FaultPlan) -> None:
+        """The light fault composed with a heavy one, started partway through it."""
+        assert plan.companion is not None
+        if self.stop.wait(plan.companion_delay):
+            return
+        event = self._do(plan.companion, strict=False)
+        event.healed = event.end
+        self.log(f"{event.kind} {event.detail} (with {plan.kind})")
 
     def _whole(self, timeout: float) -> None:
         try:
@@ -1266,9 +1307,16 @@ def check(
     errors: collections.Counter[str] = collections.Counter()
     foreign: collections.Counter[str] = collections.Counter()
     samples: dict[str, str] = {}
+    messages: dict[str, str] = {}
     for caller in callers:
         for error in caller.errors:
-            errors[error.type_name] += 1
+            name = error.type_name
+            if name == "goblin_claim._errors.ServerError" and error.cause:
+                name += f"({error.cause.split(':')[0]})"  # the decorator's wrapper of a failed store: what failed
+            errors[name] += 1
+            if name not in messages:
+                cause = f" (from {error.cause})" if error.cause else ""
+                messages[name] = f"[{caller.job.path}] {error.text}{cause}"
             if not error.goblin:
                 foreign[error.type_name] += 1
                 if error.type_name not in samples and error.trace:
@@ -1277,6 +1325,7 @@ def check(
     late = [caller for caller in callers if caller.end - caller.start > settings.deadline + settings.margin]
     never = [caller for caller in callers if not caller.end]
     gave_up = collections.Counter(caller.gave_up for caller in callers if caller.gave_up)
+    details.extend(f"first {name}: {text}" for name, text in messages.items())
     for caller in late:
         details.append(
             f"late: caller {caller.index} ({caller.job.path}) took {caller.end - caller.start:.1f}s "
@@ -1321,6 +1370,21 @@ def check(
     return Report(summary, broken, details, samples)
 
 
+def server_errors(cluster: servers.ReplicatedCluster) -> dict[str, int]:
+    """The error replies every node has sent since it (last) started, by code (``INFO errorstats``), summed.
+
+    On Redis 7.0 most ``ERR`` replies answer redis-py's ``CLIENT SETINFO`` (new in 7.2), sent as
+    each connection opens: there, ``ERR`` counts reconnections more than failures.
+    """
+    totals: collections.Counter[str] = collections.Counter()
+    for node in cluster.nodes:
+        with contextlib.suppress(redis.RedisError, OSError), contextlib.closing(node.client()) as client:
+            for name, entry in client.info("errorstats").items():
+                if name.startswith("errorstat_") and isinstance(entry, dict):
+                    totals[name.removeprefix("errorstat_")] += int(entry.get("count", 0))
+    return dict(totals.most_common())
+
+
 def read_records(port: int, idents_by_path: dict[str, list[str]]) -> dict[str, bytes | None]:
     """Every id's record, read through a fresh sync cluster client."""
     client = redis.cluster.RedisCluster(
@@ -1347,7 +1411,12 @@ def run(settings: Settings) -> Report:
         f"replicas={settings.replicas}, recipe={settings.recipe})")  # fmt: skip
     plans = plan_faults(random.Random(f"faults-{seed}"), settings.seconds, settings.faults)
     jobs = plan_workload(random.Random(f"workload-{seed}"), settings.seconds, settings.rate, settings.paths)
-    log("fault plan: " + ", ".join(f"{plan.at:.1f}s {plan.kind}" for plan in plans))
+    log(
+        "fault plan: "
+        + ", ".join(
+            f"{plan.at:.1f}s {plan.kind}" + (f"+{plan.companion.kind}" if plan.companion else "") for plan in plans
+        )
+    )
     ledger = Ledger(f"{random.Random(seed).getrandbits(24):06x}")
     extra: list[str] = ["--enable-debug-command", "local"]
     if settings.recipe:
@@ -1402,6 +1471,7 @@ def run(settings: Settings) -> Report:
         for job in jobs:
             idents_by_path[job.path].extend(job.idents)
         records = read_records(port, idents_by_path)
+        answered = server_errors(cluster)
         sync_client.close()
         finished = outcome.get("sync", False) and outcome.get("async", False)
         report = check(
@@ -1416,6 +1486,7 @@ def run(settings: Settings) -> Report:
             nemesis.failures,
             t0,
         )
+        report.summary["server_errors"] = answered
         report.summary["log_warnings"] = dict(logs.counts.most_common())
         report.details.extend(f"first log line of {name}: {line}" for name, line in logs.first.items())
     log("figures: " + report.figures())

@@ -22,7 +22,7 @@ SERVERS = ("redis", "valkey")
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_random_faults_keep_every_id_once(redis_server_binary: str, figures: Callable[[str], None]) -> None:
-    """30 s of seeded faults: no foreign exception, no unexplained double run, no stuck id, no caller past its deadline."""
+    """30 s of seeded faults: no foreign exception, no unexplained double run, no stuck id, no late caller."""
     report = nemesis.run(nemesis.Settings(binary=redis_server_binary, seconds=30, rate=0.6, deadline=30))
     figures("nemesis: " + report.figures())
     assert not report.broken, (
