@@ -16,8 +16,9 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
+import httpx
 import pytest
 import redis
 import redis.asyncio.cluster
@@ -484,3 +485,72 @@ def test_killed_and_paused_primaries_reach_callers_typed(cluster: servers.Replic
     storm.assert_typed()
     twice = sum(1 for count in storm.runs.values() if count > 1)
     assert twice <= len(storm.runs) // 20, twice
+
+
+def test_asgi_door_on_an_asyncio_cluster_stores_every_answer_through_a_client_kill_storm(
+    cluster: servers.ReplicatedCluster,
+) -> None:
+    """Under uvicorn, POSTs sent three times each while the nodes' clients are killed: each key runs once, no 500."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from goblin_claim.asgi import IdempotencyMiddleware
+    from tests.asgi_server import serve
+
+    runs: dict[str, int] = {}
+
+    async def pay(request: Request) -> Response:
+        key = request.headers["idempotency-key"]
+        runs[key] = runs.get(key, 0) + 1
+        return JSONResponse({"paid": key, "run": runs[key]}, status_code=201)
+
+    made: list[redis.asyncio.cluster.RedisCluster] = []
+
+    def client() -> redis.asyncio.cluster.RedisCluster:  # made in the server's loop, on first use
+        made.append(_async_client(cluster))
+        return made[-1]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        for one in made:
+            await one.aclose()
+
+    app = Starlette(routes=[Route("/payments", pay, methods=["POST"])], lifespan=lifespan)
+    app.add_middleware(IdempotencyMiddleware, client=client, namespace=unique("http"), lease=10)
+    stop = threading.Event()
+    answers: dict[str, list[tuple[int, str]]] = {}
+
+    async def send(http: httpx.AsyncClient, key: str) -> None:
+        for _ in range(300):  # a retrying client: 409 and 503 mean "later"
+            response = await http.post("/payments", headers={"Idempotency-Key": key}, json={"amount": 1})
+            if response.status_code in (409, 503):
+                assert "retry-after" in response.headers
+                await asyncio.sleep(0.1)
+                continue
+            answers.setdefault(key, []).append((response.status_code, response.text))
+            return
+        raise AssertionError(f"{key} got no answer")
+
+    async def traffic(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            await send(http, "warm-up")
+            killer = threading.Thread(target=_kill_clients, args=(cluster, stop))
+            killer.start()
+            threading.Timer(5, stop.set).start()  # then the storm ends, and every key must get its answer
+            try:
+                keys = [unique("pay") for _ in range(100)]
+                await asyncio.gather(*(send(http, key) for key in keys for _ in range(3)))
+            finally:
+                stop.set()
+                killer.join()
+
+    with serve(app) as url:
+        asyncio.run(traffic(url))
+    assert len(answers) == 101
+    for key, got in answers.items():
+        assert runs[key] == 1, (key, runs[key])
+        assert {status for status, _ in got} == {201}, got
+        assert len({text for _, text in got}) == 1, got
