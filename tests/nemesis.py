@@ -87,6 +87,8 @@ RESERVE = 2
 # The longest a duplicate waits for in-flight work in one attempt (wait() and @idempotent's wait=).
 WAIT = 5.0
 NONCE = re.compile(rb"\|([0-9a-f]{6}\.\d+)")
+# What @idempotent's final write says when the client raised something that is not the SDK's own.
+STORE_WRAPPER = "ran, but storing its result failed:"
 
 _caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("nemesis_caller")
 _caller_serial = itertools.count()  # caller numbers, unique across threads and tasks
@@ -138,6 +140,23 @@ class Settings:
     def margin(self) -> float:
         """How far past its deadline a caller may end: one attempt's last command, or a final write's lease."""
         return self.lease + 6.0
+
+
+def replay_command(settings: Settings, seed: int) -> str:
+    """The command that replays a run: its seed and every setting its plan and its callers depend on."""
+    server = "valkey" if "valkey" in os.path.basename(settings.binary) else "redis"
+    words = [
+        f"NEMESIS_SEED={seed} python -m tests.nemesis --runs 1",
+        f"--seconds {settings.seconds:g} --rate {settings.rate:g} --lease {settings.lease}",
+        f"--deadline {settings.deadline:g} --replicas {settings.replicas} --server {server}",
+    ]
+    if settings.recipe:
+        words.append("--recipe")
+    if tuple(settings.faults) != FAULT_KINDS:
+        words.append("--faults " + ",".join(settings.faults))
+    if tuple(settings.paths) != ALL_PATHS:
+        words.append("--paths " + ",".join(settings.paths))
+    return " ".join(words)
 
 
 def seed_from_env(seed: int | None = None) -> int:
@@ -256,6 +275,7 @@ class Caller:
     answers: dict[str, str] = field(default_factory=dict)
     errors: list[SeenError] = field(default_factory=list)
     gave_up: str | None = None
+    attempt_at: float = 0.0  # when the current attempt began: no claim it takes is older
 
     def note(self, exc: BaseException) -> None:
         """Record an exception this caller saw (the traceback kept for the first few)."""
@@ -285,6 +305,7 @@ class Execution:
     nonce: str
     caller: int
     start: float
+    claimed_at: float  # the earliest its claim can have been written: its attempt's start
     end: float | None = None
     # completed: its complete() (or the decorator's store) returned; refused: ClaimLostError;
     # unstored: given up storing on a transient error; running: none of these (yet).
@@ -311,7 +332,7 @@ class Ledger:
         """Count one run of ``ident``'s work, by ``caller``."""
         with self._lock:
             self._serial += 1
-            execution = Execution(ident, f"{self._tag}.{self._serial}", caller.index, now())
+            execution = Execution(ident, f"{self._tag}.{self._serial}", caller.index, now(), caller.attempt_at)
             self.runs[ident].append(execution)
             self.by_nonce[execution.nonce] = execution
             return execution
@@ -431,6 +452,7 @@ class SyncPaths:
     def _retrying(self, caller: Caller, attempt: Callable[[], str | None]) -> None:
         tries = 0
         while caller.left() > 0:
+            caller.attempt_at = now()
             try:
                 answer = attempt()
             except _GiveUp:
@@ -515,6 +537,7 @@ class SyncPaths:
                 return
             again: list[str] = []
             unstarted: dict[str, Claim] = {}
+            caller.attempt_at = now()
             try:
                 pairs = Claim.acquire_many(
                     self.client, pending, lease=RESERVE, namespace=namespace("sync-batch")
@@ -702,6 +725,7 @@ class AsyncPaths:
     async def _retrying(self, caller: Caller) -> None:
         tries = 0
         while caller.left() > 0:
+            caller.attempt_at = now()
             try:
                 answer = await self._once(caller)
             except _GiveUp:
@@ -775,6 +799,7 @@ class AsyncPaths:
                 return
             again: list[str] = []
             unstarted: dict[str, AsyncClaim] = {}
+            caller.attempt_at = now()
             try:
                 pairs = await AsyncClaim.acquire_many(
                     self.client, pending, lease=RESERVE, namespace=namespace("async-batch")
@@ -1207,6 +1232,7 @@ class Report:
     broken: list[str]
     details: list[str]
     samples: dict[str, str]  # a traceback per non-Goblin exception type
+    replay: str = ""  # the command that replays the run
 
     def figures(self) -> str:
         """The summary on one line."""
@@ -1231,6 +1257,7 @@ def check(
     unavailable: float,
     failures: list[str],
     t0: float,
+    untimed: Sequence[str] = (),
 ) -> Report:
     """Hold what happened to the exactly-once promise: runs, answers, errors, stuck ids, deadlines."""
     lossy = [event for event in events if event.lossy]
@@ -1242,8 +1269,10 @@ def check(
             slot in event.slots and start <= event.healed and stop >= event.start - REPLICATION_LAG for event in lossy
         )
 
-    def under_fault(start: float, end: float) -> bool:
-        return any(event.start <= end and (event.healed or event.end) >= start - 1.0 for event in events)
+    def outlived(run: Execution) -> bool:
+        # Its claim was held a lease or more: cut off (a frozen or failed-over primary, renewals
+        # that could not get through), it may have lapsed for another caller to take.
+        return (run.fate_at or run.end or run.start) - run.claimed_at >= settings.lease - 0.5
 
     idents = sorted({ident for caller in callers for ident in caller.job.idents})
     details: list[str] = []
@@ -1273,13 +1302,14 @@ def check(
         for run in runs:
             if run.nonce == final:
                 continue
-            if run.fate in ("refused", "unstored") and under_fault(run.start, run.fate_at or run.start):
-                continue  # its caller was told, while a fault was on (README: ClaimLostError with .result)
-            if exposed(ident, run.start, run.fate_at or run.end):
+            if run.fate in ("refused", "unstored") and outlived(run):
+                continue  # its caller was told, cut off past its lease (README: ClaimLostError with .result)
+            if exposed(ident, run.claimed_at, run.fate_at or run.end):
                 continue  # its claim or record was written around a failover that can drop it
+            held = (run.fate_at or run.end or run.start) - run.claimed_at
             reasons.append(
-                f"run {run.nonce} by caller {run.caller} at {run.start - t0:.1f}s ({run.fate}) is neither "
-                "stored, nor refused under a fault, nor exposed to a lossy failover"
+                f"run {run.nonce} by caller {run.caller} at {run.start - t0:.1f}s ({run.fate}, claim held "
+                f"{held:.1f}s) is neither stored, nor refused past its lease, nor exposed to a lossy failover"
             )
         for caller, answer in answers:
             nonce = _nonce_of(answer)
@@ -1287,7 +1317,7 @@ def check(
                 continue
             mismatched += 1
             run = ledger.by_nonce.get(nonce or "")
-            if run is not None and exposed(ident, run.start, caller.end):
+            if run is not None and exposed(ident, run.claimed_at, caller.end):
                 continue  # answered from a record a failover then lost
             reasons.append(f"caller {caller.index} ({caller.role}) answered {answer!r}, the record holds {final!r}")
         if record is None and not in_flight and runs and not answers:
@@ -1306,13 +1336,18 @@ def check(
                 )
     errors: collections.Counter[str] = collections.Counter()
     foreign: collections.Counter[str] = collections.Counter()
+    wrapped: collections.Counter[str] = collections.Counter()  # foreign exceptions the decorator wrapped
     samples: dict[str, str] = {}
     messages: dict[str, str] = {}
     for caller in callers:
         for error in caller.errors:
             name = error.type_name
             if name == "goblin_claim._errors.ServerError" and error.cause:
-                name += f"({error.cause.split(':')[0]})"  # the decorator's wrapper of a failed store: what failed
+                name += f"({error.cause.split(':')[0]})"  # what the server or the client failed with
+                if STORE_WRAPPER in error.text:  # @idempotent's store met an exception that is not the SDK's
+                    wrapped[name] += 1
+                    if name not in samples and error.trace:
+                        samples[name] = f"[{caller.job.path}] " + error.trace
             errors[name] += 1
             if name not in messages:
                 cause = f" (from {error.cause})" if error.cause else ""
@@ -1344,6 +1379,8 @@ def check(
         "answer_mismatches": mismatched,
         "errors": dict(errors.most_common()),
         "non_goblin_errors": dict(foreign.most_common()),
+        "wrapped_non_goblin": dict(wrapped.most_common()),
+        "keys_without_ttl": len(untimed),
         "stuck_ids": stuck_ids,
         "unfinished_ids": unfinished,
         "gave_up": dict(gave_up),
@@ -1357,6 +1394,10 @@ def check(
     broken: list[str] = []
     if foreign:
         broken.append(f"exceptions that are not GoblinClaimError: {dict(foreign)}")
+    if wrapped:
+        broken.append(f"exceptions not of redis-py that @idempotent's store wrapped in a ServerError: {dict(wrapped)}")
+    if untimed:
+        broken.append(f"{len(untimed)} keys the SDK wrote have no TTL: {untimed[:5]}")
     if unexplained:
         broken.append(
             f"{unexplained} ids ran more than once (or answered otherwise) unexplained: {unexplained_ids[:10]}"
@@ -1385,6 +1426,17 @@ def server_errors(cluster: servers.ReplicatedCluster) -> dict[str, int]:
     return dict(totals.most_common())
 
 
+def keys_without_ttl(cluster: servers.ReplicatedCluster) -> list[str]:
+    """The workload's keys (``nem-*``, the probe's aside) that have no TTL, on every primary."""
+    found: list[str] = []
+    for node in cluster.primaries():
+        with contextlib.closing(node.client(socket_timeout=10)) as client:
+            for key in client.scan_iter(match="nem-*", count=1000):
+                if not key.startswith(b"nem-probe:") and client.pttl(key) == -1:
+                    found.append(key.decode(errors="replace"))
+    return sorted(found)
+
+
 def read_records(port: int, idents_by_path: dict[str, list[str]]) -> dict[str, bytes | None]:
     """Every id's record, read through a fresh sync cluster client."""
     client = redis.cluster.RedisCluster(
@@ -1407,8 +1459,8 @@ def run(settings: Settings) -> Report:
     """One nemesis run on a cluster of its own: plan, faults and workload at once, heal, check."""
     seed = seed_from_env(settings.seed)
     log = settings.log or (lambda line: None)
-    log(f"NEMESIS_SEED={seed} to replay ({os.path.basename(settings.binary)}, {settings.seconds:.0f}s, "
-        f"replicas={settings.replicas}, recipe={settings.recipe})")  # fmt: skip
+    replay = replay_command(settings, seed)
+    log(f"NEMESIS_SEED={seed} to replay: {replay}")
     plans = plan_faults(random.Random(f"faults-{seed}"), settings.seconds, settings.faults)
     jobs = plan_workload(random.Random(f"workload-{seed}"), settings.seconds, settings.rate, settings.paths)
     log(
@@ -1472,6 +1524,7 @@ def run(settings: Settings) -> Report:
             idents_by_path[job.path].extend(job.idents)
         records = read_records(port, idents_by_path)
         answered = server_errors(cluster)
+        untimed = keys_without_ttl(cluster)
         sync_client.close()
         finished = outcome.get("sync", False) and outcome.get("async", False)
         report = check(
@@ -1485,7 +1538,9 @@ def run(settings: Settings) -> Report:
             probe.unavailable_seconds(),
             nemesis.failures,
             t0,
+            untimed,
         )
+        report.replay = replay
         report.summary["server_errors"] = answered
         report.summary["log_warnings"] = dict(logs.counts.most_common())
         report.details.extend(f"first log line of {name}: {line}" for name, line in logs.first.items())
