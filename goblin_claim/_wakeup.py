@@ -8,8 +8,9 @@ subscriber is one connection and one daemon thread per sync client, or one task
 per asyncio client and event loop; it listens only while someone waits.
 
 Polling with backoff stays: it is the fallback where pub/sub is refused (ACL) or
-unavailable (the asyncio cluster client has none), and the deadline's guard.
-Nothing here is on the first-call or duplicate paths.
+unavailable (the asyncio cluster client has none), where the client's pool holds
+a single connection (the subscriber would take the commands' only one), and the
+deadline's guard. Nothing here is on the first-call or duplicate paths.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _TICK = 0.005
 _RECONNECT_DELAY = 0.5
 # An idle listener waits this long for the next waiter before it ends.
 _LINGER = 1.0
+# Why a client's waiters poll when its pool holds a single connection (logged once).
+_ONE_CONNECTION = "a pool of one connection, which the commands need"
 
 
 def wake_kind(client: object) -> str:
@@ -107,6 +110,24 @@ def _read_each_node(pubsub: Any, ignore_subscribe_messages: bool, timeout: float
     return None
 
 
+def _pool_of_one(client: object) -> bool:
+    """Whether ``client``'s connections are capped at one (a subscriber would hold the only one).
+
+    The subscriber takes its connection from the client's pool, as redis-py's own
+    ``pubsub()`` does, so it counts against the cap the user chose; that cap is kept
+    (a connection made beside the pool would pass it). A pool that can hold two keeps
+    one for the commands while the subscriber holds the other; a
+    ``single_connection_client`` holds its own and leaves the pool to the subscriber.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        size = getattr(pool, "max_connections", None)
+    else:  # the sync cluster client: each node's pool is made with the client's max_connections
+        kwargs = getattr(client, "get_connection_kwargs", None)
+        size = kwargs().get("max_connections") if callable(kwargs) else None
+    return isinstance(size, int) and size < 2
+
+
 def _is_refusal(exc: BaseException) -> bool:
     if isinstance(exc, NO_PERMISSION):
         return True
@@ -125,6 +146,9 @@ class Wakeups:
         self._lock = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._told = False  # whether the INFO line on push or polling was logged
+        if _pool_of_one(client):
+            self._registry.refused = self._told = True
+            _events.wakeups_found(client, False, _ONE_CONNECTION)
 
     def watch(self, channel: str) -> threading.Event | None:
         """An event set when ``channel`` announces; ``None`` where pub/sub is refused."""
@@ -216,11 +240,13 @@ class AsyncWakeups:
         self._client = weakref.ref(client)
         self._registry = _Registry()
         self._task: asyncio.Task[None] | None = None
-        # The asyncio cluster client has no pub/sub: its waiters poll.
-        self._registry.refused = isinstance(client, ASYNC_CLUSTERS)
+        # The asyncio cluster client has no pub/sub, and a pool of one no connection to
+        # spare: their waiters poll.
+        self._registry.refused = isinstance(client, ASYNC_CLUSTERS) or _pool_of_one(client)
         self._told = self._registry.refused  # whether the INFO line on push or polling was logged
         if self._told:
-            _events.wakeups_found(client, False, "the asyncio cluster client has no pub/sub")
+            why = "the asyncio cluster client has no pub/sub" if isinstance(client, ASYNC_CLUSTERS) else _ONE_CONNECTION
+            _events.wakeups_found(client, False, why)
 
     def watch(self, channel: str) -> asyncio.Event | None:
         """An event set when ``channel`` announces; ``None`` where pub/sub is refused."""
