@@ -14,16 +14,19 @@ is replayed by the ASGI one over the same Redis, and the reverse.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
+import logging
 import re
+import threading
 import urllib.parse
 import uuid
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Annotated, Any, Final, Literal, Union
+from typing import Annotated, Any, Final, Literal, TypeVar, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -87,6 +90,9 @@ REPLAYED_HEADER: Final = (b"idempotent-replayed", b"true")
 UNSTORED_HEADER: Final = (b"idempotent-stored", b"false")
 
 Headers = list[tuple[bytes, bytes]]
+KeyRule = Literal["require", "accept", "ignore"]
+"""What a route does with the key header: ``require`` it (400 without), ``accept`` it, ``ignore`` it (never claimed)."""
+KEY_RULES: Final = ("require", "accept", "ignore")
 
 
 # --------------------------------------------------------------------------- what is stored
@@ -334,6 +340,7 @@ class Options:
     problem_docs: str | None
     fingerprint: str | Callable[[Any], object]
     namespace: str
+    routes: tuple[tuple[re.Pattern[str], KeyRule], ...] | Callable[[Any], object] = ()
 
     @property
     def header_name(self) -> bytes:
@@ -371,6 +378,7 @@ def make_options(
     problem_docs: str | None = None,
     fingerprint: str | Callable[[Any], object] = "auto",
     namespace: str = "goblin-http",
+    routes: Mapping[str, KeyRule] | Callable[[Any], KeyRule | None] | None = None,
 ) -> Options:
     """Validate the doors' options (every bad one raises a ``GoblinClaimError`` subclass)."""
     if type(required) is not bool:
@@ -399,6 +407,7 @@ def make_options(
         problem_docs=_check_docs(problem_docs),
         fingerprint=_check_fingerprint(fingerprint),
         namespace=check_namespace(namespace),
+        routes=_check_routes(routes),
     )
 
 
@@ -417,6 +426,25 @@ def _check_methods(methods: object) -> frozenset[str]:
     if not chosen:
         raise InvalidArgumentError("methods=() intercepts nothing: leave the middleware out instead")
     return frozenset(chosen)
+
+
+def _check_routes(routes: object) -> tuple[tuple[re.Pattern[str], KeyRule], ...] | Callable[[Any], object]:
+    if routes is None:
+        return ()
+    if callable(routes):
+        return routes
+    if not isinstance(routes, Mapping):
+        raise InvalidArgumentTypeError(
+            "routes must map path patterns to 'require', 'accept' or 'ignore' (such as {'/webhooks/*': 'ignore'}), "
+            f"or be a function of the request returning one of them or None, not {describe(routes)}"
+        )
+    chosen: list[tuple[re.Pattern[str], KeyRule]] = []
+    for pattern, rule in routes.items():
+        if type(pattern) is not str or not pattern.startswith("/"):
+            raise InvalidArgumentError(f"routes holds path patterns beginning with '/', not {describe(pattern)}")
+        # fnmatch's shell-style patterns: '*' also matches '/', so '/webhooks/*' covers every path below it.
+        chosen.append((re.compile(fnmatch.translate(pattern)), check_rule(f"routes[{pattern!r}]", rule)))
+    return tuple(chosen)
 
 
 def _check_bytes(name: str, value: object) -> int:
@@ -504,6 +532,211 @@ def _check_statuses(statuses: object) -> frozenset[int]:
     return frozenset(chosen)
 
 
+# --------------------------------------------------------------------------- which routes take a key
+
+MARK: Final = "_goblin_claim_key"  # on an endpoint or view marked by idempotency_key(): its rule
+OPT_KEY: Final = "idempotency_key"  # a Litestar handler's opt entry (``@post(..., idempotency_key="ignore")``)
+Endpoint = TypeVar("Endpoint")
+_marked = False  # set once any endpoint is marked: only then do the ASGI doors look a request's route up
+
+
+def check_rule(name: str, rule: object) -> KeyRule:
+    """``rule`` if it is ``"require"``, ``"accept"`` or ``"ignore"``; else the error naming ``name``."""
+    if type(rule) is str and rule in KEY_RULES:
+        return cast(KeyRule, rule)
+    raise InvalidArgumentError(f"{name} must be 'require', 'accept' or 'ignore', not {describe(rule)}")
+
+
+def idempotency_key(rule: KeyRule) -> Callable[[Endpoint], Endpoint]:
+    """A route's own rule for the ``Idempotency-Key`` header, over the door's ``routes`` and ``required``.
+
+    Marks the endpoint (a function, or the class of a class-based view) and returns
+    it unchanged, so it may sit above or below the framework's route decorator.
+    Every door reads it: Starlette and FastAPI endpoints, Litestar handlers (or
+    their ``opt``: ``@post("/hook", idempotency_key="ignore")``), Django and Flask views.
+
+    Args:
+        rule: ``"require"`` (no key: 400, the endpoint does not run), ``"accept"``
+            (a key is honoured, no key passes through), or ``"ignore"`` (never
+            claimed, key or not: a webhook its sender signs, a health check).
+
+    Returns:
+        The decorator.
+
+    Raises:
+        InvalidArgumentError: ``rule`` is none of the three.
+
+    Example::
+
+        @app.post("/webhook")
+        @idempotency_key("ignore")
+        async def webhook(request: Request) -> Response: ...
+    """
+    checked = check_rule("idempotency_key()", rule)
+
+    def mark(endpoint: Endpoint) -> Endpoint:
+        global _marked
+        try:
+            setattr(endpoint, MARK, checked)
+        except AttributeError:
+            raise InvalidArgumentTypeError(
+                f"idempotency_key() marks a function or a class, not {type(endpoint).__qualname__}"
+            ) from None
+        _marked = True
+        return endpoint
+
+    return mark
+
+
+def any_marked() -> bool:
+    """Whether any endpoint was marked by ``idempotency_key()`` in this process."""
+    return _marked
+
+
+def marked_rule(endpoint: object) -> KeyRule | None:
+    """The rule ``idempotency_key()`` put on an endpoint or view (or on a class-based view's class), if any."""
+    rule = getattr(endpoint, MARK, None)
+    if rule is None:
+        rule = getattr(getattr(endpoint, "view_class", None), MARK, None)  # Django's and Flask's as_view()
+    return cast(KeyRule, rule) if type(rule) is str and rule in KEY_RULES else None
+
+
+def key_rule(
+    options: Options, request: object, path: str, marked: KeyRule | None, door: str = "http"
+) -> KeyRule | Answer:
+    """What this request's route does with the key: its own mark, else ``routes``, else ``required``.
+
+    Args:
+        options: The door's options.
+        request: What a ``routes`` function receives (ASGI scope, WSGI environ, Django or Flask request).
+        path: The path a pattern of ``routes`` is matched against (the one in the claim's key).
+        marked: The rule found on the request's route (``idempotency_key()``, a Litestar ``opt``), if any.
+        door: The door asking (its logger and its advice, should the ``routes`` function fail).
+
+    Returns:
+        The rule, or the 500 answering a ``routes`` function that raised or
+        returned something else (``routes-failed``, logged once).
+    """
+    if marked is not None:
+        return marked
+    routes = options.routes
+    if callable(routes):
+        try:
+            chosen = routes(request)
+        except Exception as exc:
+            return misconfigured(door, "routes", routes, error=exc)
+        if chosen is not None:
+            if type(chosen) is not str or chosen not in KEY_RULES:
+                return misconfigured(door, "routes", routes, value=chosen)
+            return cast(KeyRule, chosen)
+    else:
+        for pattern, rule in routes:
+            if pattern.match(path):
+                return rule
+    return "require" if options.required else "accept"
+
+
+def key_of(options: Options, rule: KeyRule, values: list[bytes]) -> str | Answer | None:
+    """The request's key under ``rule``: the key, the answer refusing the request, or ``None`` to pass it through."""
+    if rule == "ignore":
+        return None
+    if not values:
+        if rule == "require":
+            detail = f"this request needs an {options.header} header: a unique key per operation"
+            return problem(400, detail, code="key-missing")
+        return None
+    return parse_key(options.header, values)
+
+
+# --------------------------------------------------------------------------- a scope or routes function that fails
+
+# Where each door's scope function must sit to see the caller: what ran before it is all it sees.
+_PLACEMENT: Final = {
+    "asgi": (
+        "in Starlette and FastAPI, add the authentication middleware after this one (the last added runs first); "
+        "in Litestar, list it before this one"
+    ),
+    "wsgi": "wrap this middleware inside the authentication middleware: auth(IdempotencyMiddleware(app, ...))",
+    "django": "list goblin_claim.django.IdempotencyMiddleware after the authentication middleware in MIDDLEWARE",
+    "flask": "register the authentication's before_request before Idempotency(app) or init_app(app)",
+}
+_logged: set[tuple[str, ...]] = set()
+_logged_lock = threading.Lock()
+_MAX_LOGGED: Final = 256  # causes remembered per process; past it, new causes are answered but not logged
+
+
+def misconfigured(
+    door: str, option: str, function: object, *, error: Exception | None = None, value: object = None
+) -> Answer:
+    """The 500 answering a request whose ``scope`` or ``routes`` function raised ``error`` or returned ``value``.
+
+    Nothing ran and nothing was stored. The answer names the cause (the
+    exception's type, and for a ``KeyError`` or ``AttributeError`` the missing
+    name; or the type returned) and the fix; the server log has the same line
+    with the traceback, once per process for each function and cause, so a
+    misconfigured service does not write one line per request.
+    """
+    name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', repr(function))}"
+    if error is not None:
+        cause, kind = f"raised {_cause(error)}", type(error).__name__
+    else:
+        cause = kind = f"returned {type(value).__name__}"
+    fix = _fix(door, option, error)
+    code = f"{option}-failed"
+    with _logged_lock:
+        first = (door, option, name, kind) not in _logged and len(_logged) < _MAX_LOGGED
+        if first:
+            _logged.add((door, option, name, kind))
+    if first:
+        logging.getLogger(f"goblin_claim.{door}").error(
+            "the %s function %s %s: every request it fails on is answered 500 (%s) without running the app, and "
+            "this is logged once; %s",
+            option, name, cause, code, fix, exc_info=error,
+        )  # fmt: skip
+    detail = f"the server's idempotency {option} function {cause}, so the request was not run and nothing was stored"
+    return problem(500, f"{detail}; {fix}", code=code)
+
+
+def _cause(error: Exception) -> str:
+    """The exception's type, with the name a KeyError or AttributeError missed (never its whole message)."""
+    # The message may hold what the client must not see (a database's address...), but a
+    # short identifier that was missing is the misconfiguration itself: scope["user"].
+    if isinstance(error, KeyError) and len(error.args) == 1 and _IDENTIFIER.fullmatch(str(error.args[0])):
+        return f"KeyError({error.args[0]!r})"
+    missing = getattr(error, "name", None)
+    if isinstance(error, AttributeError) and isinstance(missing, str) and _IDENTIFIER.fullmatch(missing):
+        return f"AttributeError (no attribute {missing!r})"
+    return type(error).__name__
+
+
+_IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+
+
+def _fix(door: str, option: str, error: Exception | None) -> str:
+    """How to fix a failing ``scope`` or ``routes`` function, in the words of ``door``."""
+    if option == "routes":
+        return "the routes function must return 'require', 'accept', 'ignore' or None (then required= decides)"
+    if error is None:
+        return (
+            "return the caller's id as a str, int or UUID (user.id, not the user object), or None when there is "
+            "no caller (answered 403)"
+        )
+    if door == "asgi" and (
+        (isinstance(error, KeyError) and error.args[:1] == ("user",)) or "AuthenticationMiddleware" in str(error)
+    ):
+        return f"scope['user'] is set by an authentication middleware, which must run first: {_PLACEMENT[door]}"
+    if door == "asgi" and isinstance(error, NotImplementedError):
+        return (
+            "Starlette's SimpleUser and UnauthenticatedUser have no identity: return user.display_name when "
+            "user.is_authenticated (else None), or give your user class an identity property"
+        )
+    placement = _PLACEMENT.get(door, "run it after the authentication")
+    return (
+        f"the scope function runs before the app and sees only what ran before it ({placement}); it should return "
+        "None for a request without a caller (answered 403)"
+    )
+
+
 # --------------------------------------------------------------------------- the request's side
 
 
@@ -559,17 +792,28 @@ def _sf_string(raw: bytes) -> bytes | None:
     return bytes(out) if _PARAMETERS.fullmatch(raw[index + 1 :]) else None
 
 
-def owner_of(options: Options, request: object) -> str | Answer | None:
+def owner_of(
+    options: Options, request: object, door: str = "http", passes: Callable[[Exception], bool] | None = None
+) -> str | Answer | None:
     """Whose key this is: the scope function's answer as text, ``None`` (shared space), or the answer refusing it.
 
     With a scope function, ``None`` or an empty value fails closed (answered 403
     without running the app) unless ``shared_scope`` opts into a shared space: a
     middleware placed before authentication would otherwise hand one user's answer
-    to another. A ``str``, an ``int`` (not ``bool``) or a ``UUID`` is accepted.
+    to another. A ``str``, an ``int`` (not ``bool``) or a ``UUID`` is accepted. A
+    scope function that raises, or returns anything else, is answered 500
+    (``scope-failed``, naming the cause and the fix, logged once) without
+    running the app, except an exception ``passes`` lets through: the door's
+    framework answers its own (Flask's ``abort(401)``, Django's ``PermissionDenied``).
     """
     if options.scope is None:
         return None
-    owner = options.scope(request)
+    try:
+        owner = options.scope(request)
+    except Exception as exc:
+        if passes is not None and passes(exc):
+            raise
+        return misconfigured(door, "scope", options.scope, error=exc)
     if owner is None or owner == "":
         return None if options.shared_scope else problem(403, NO_OWNER)
     if type(owner) is str:
@@ -578,7 +822,7 @@ def owner_of(options: Options, request: object) -> str | Answer | None:
         return f"int:{owner}"  # never the same space as the string "7"
     if isinstance(owner, uuid.UUID):
         return f"uuid:{owner}"
-    raise InvalidArgumentTypeError(f"the scope function must return a str, int, UUID or None, not {describe(owner)}")
+    return misconfigured(door, "scope", options.scope, value=owner)
 
 
 FINGERPRINTS: Final = ("auto", "bytes", "json", "form", "multipart")

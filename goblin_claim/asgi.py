@@ -9,7 +9,9 @@ An intercepted request (POST or PATCH by default) that carries the header runs
 the app once per key; every duplicate gets the first response back, byte for
 byte, with ``Idempotent-Replayed: true``::
 
-    request ─ key? ─ no ─► 400 (required=True), or passed through unguarded
+    request ─ route's rule (idempotency_key() mark, routes=, required=) ─ ignore ─► passed through
+       │
+       key? ─ no ─► 400 (require), or passed through unguarded (accept)
        │
        read the body (up to max_body_bytes, else 413), fingerprint query and body
        │
@@ -34,6 +36,10 @@ Keys are scoped by method, path and the ``scope`` function (a user, a tenant),
 so one key sent to two endpoints, or by two users, names two operations. Error
 answers are ``application/problem+json`` (RFC 9457).
 
+Each route requires the key, accepts it, or ignores it: ``required`` for every
+route, ``routes=`` by path pattern or by a function, and an endpoint's own
+``@idempotency_key("ignore")`` (a Litestar handler's ``opt``) over both.
+
 Not guaranteed: a lease that lapses while the app runs (Redis unreachable for
 longer than ``lease``) lets a retry run the app a second time; the late first
 run is then answered 503 and its response is not stored, so every duplicate
@@ -48,8 +54,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import Any, Final, Literal
 
 from . import _events, _http
 from ._async import AsyncClaim
@@ -71,8 +77,10 @@ from ._http import (
     UNSTORED_HEADER,
     AbandonedRequest,
     Answer,
+    KeyRule,
     StoredResponse,
     UnstoredResponse,
+    idempotency_key,
 )
 from ._outcomes import Completed, InFlight
 from ._server import to_the_end_async
@@ -85,12 +93,14 @@ __all__ = [
     "ASGIApp",
     "AbandonedRequest",
     "IdempotencyMiddleware",
+    "KeyRule",
     "Message",
     "Receive",
     "Scope",
     "Send",
     "StoredResponse",
     "UnstoredResponse",
+    "idempotency_key",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -118,7 +128,15 @@ class IdempotencyMiddleware:
             ``socket_timeout`` and, for many concurrent requests, a
             ``BlockingConnectionPool``. The middleware never closes it.
         required: Answer 400 when an intercepted request has no key; when false
-            (the default), such a request passes through unguarded.
+            (the default), such a request passes through unguarded. ``routes``
+            and a route's own ``idempotency_key()`` mark decide before it.
+        routes: Per-route rules over ``required``: a mapping of path patterns
+            (shell-style, ``*`` also matching ``/``; the first that matches wins)
+            to ``"require"``, ``"accept"`` or ``"ignore"``, such as
+            ``{"/webhooks/*": "ignore"}``; or a function of the ASGI scope
+            returning one of them, or ``None`` to leave it to ``required``. An
+            endpoint marked ``@idempotency_key(...)`` (or a Litestar handler's
+            ``opt``) decides for its route before both.
         methods: The methods intercepted. Safe methods (GET, HEAD, OPTIONS, TRACE)
             always pass through and may not be listed.
         header: The request header carrying the key. Its value is a bare token
@@ -131,7 +149,11 @@ class IdempotencyMiddleware:
             (the default) answers 409 at once.
         scope: A function of the ASGI scope returning who the key belongs to (a user
             or tenant id: a ``str``, ``int`` or ``UUID``), so one client's key never
-            replays another's answer; without a function every key is shared.
+            replays another's answer; without a function every key is shared. One
+            that raises (``scope["user"]`` without an authentication middleware
+            before this one) or returns another type is answered 500
+            (``scope-failed``, naming the cause and the fix) without running the
+            app, and logged once; an HTTP exception it raises goes to the framework.
         max_body_bytes: The largest request body fingerprinted; a larger one is
             answered 413 without running the app.
         max_response_bytes: The largest response body kept; a larger one is passed
@@ -162,9 +184,13 @@ class IdempotencyMiddleware:
 
     Example::
 
+        def user_id(scope: Scope) -> str | None:
+            user = scope["user"]  # set by AuthenticationMiddleware, which runs first
+            return user.display_name if user.is_authenticated else None  # None: 403
+
         app = FastAPI()
         app.add_middleware(IdempotencyMiddleware, client=redis.asyncio.Redis(socket_timeout=2),
-                           required=True, scope=lambda scope: scope["user"].identity)
+                           required=True, scope=user_id, routes={"/webhooks/*": "ignore"})
         app.add_middleware(AuthenticationMiddleware, backend=...)  # added last: runs first
 
     Not guaranteed: duplicates of a request whose response was not stored (too
@@ -195,6 +221,7 @@ class IdempotencyMiddleware:
         stream_types: Iterable[str] = DEFAULT_STREAM_TYPES,
         problem_docs: str | None = None,
         namespace: str = "goblin-http",
+        routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = None,
     ) -> None:
         self.app = app
         self._client: Any = None
@@ -210,7 +237,7 @@ class IdempotencyMiddleware:
             required=required, methods=methods, header=header, lease=lease, ttl=ttl, wait=wait, scope=scope,
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
-            stream_types=stream_types, problem_docs=problem_docs, namespace=namespace,
+            stream_types=stream_types, problem_docs=problem_docs, namespace=namespace, routes=routes,
         )  # fmt: skip
         self.required = options.required
         self.methods = options.methods
@@ -234,15 +261,18 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"] not in self.methods:
             await self.app(scope, receive, send)
             return
+        marked, endpoint = _route_rule(scope)
+        rule = _http.key_rule(self.options, scope, scope["path"], marked, "asgi")
+        if isinstance(rule, Answer):
+            await _send_answer(send, rule, self.options.problem_docs)
+            return
+        if endpoint is not _ROUTED and _http.any_marked():
+            send = _checking_route(scope, endpoint, rule, send)  # says so when routing found another mark
         values = [value for name, value in scope["headers"] if name.lower() == self._header_name]
-        if not values:
-            if self.required:
-                detail = f"this request needs an {self.header} header: a unique key per operation"
-                await _send_answer(send, _http.problem(400, detail, code="key-missing"), self.options.problem_docs)
-                return
+        key = _http.key_of(self.options, rule, values)
+        if key is None:
             await self.app(scope, receive, send)
             return
-        key = _http.parse_key(self.header, values)
         if isinstance(key, Answer):
             await _send_answer(send, key, self.options.problem_docs)
             return
@@ -255,7 +285,7 @@ class IdempotencyMiddleware:
         body = await self._read_body(receive, send)
         if body is None:
             return  # answered 413, or the client left before sending its body: nothing ran
-        owner = _http.owner_of(self.options, scope)
+        owner = _http.owner_of(self.options, scope, "asgi", _http_exception)
         if isinstance(owner, Answer):
             await _send_answer(send, owner, self.options.problem_docs)
             return
@@ -597,6 +627,113 @@ class _Exchange:
         if self._start is None:
             return "the app returned without a response (frameworks do this when the client disconnects)"
         return f"the app returned without finishing its {self._start['status']} response"
+
+
+# --------------------------------------------------------------------------- the route's own rule
+
+_ROUTED: Final = object()  # the route was known when the middleware ran (Litestar): nothing to check later
+_FULL: Final = 2  # starlette.routing.Match.FULL's value (NONE is 0, PARTIAL 1)
+_DEPTH: Final = 8  # mounts inside mounts, at most
+
+
+def _route_rule(scope: Scope) -> tuple[KeyRule | None, object]:
+    """The rule the request's route carries, if any, and the endpoint it was read from.
+
+    Litestar routes before its middleware run: ``scope["route_handler"]`` is the
+    handler, its ``opt`` (``idempotency_key="ignore"``) or its function's mark
+    decide. Starlette and FastAPI route after an app-wide middleware, so the
+    route is found here as their router will find it: the app's routes
+    (``scope["app"].routes``), each asked ``matches(scope)`` in order, mounts
+    and included routers followed, the first full match's endpoint read for its
+    ``idempotency_key()`` mark. Only once some endpoint was marked: without marks
+    nothing is looked up.
+    """
+    handler = scope.get("route_handler")
+    if handler is not None:
+        opt = getattr(handler, "opt", None)
+        if isinstance(opt, Mapping) and _http.OPT_KEY in opt:
+            return _http.check_rule(f"the handler's opt[{_http.OPT_KEY!r}]", opt[_http.OPT_KEY]), _ROUTED
+        return _http.marked_rule(getattr(handler, "fn", None)), _ROUTED
+    if not _http.any_marked():
+        return None, None
+    endpoint = scope.get("endpoint")  # a route's own middleware (Route(..., middleware=[...])) runs after routing
+    routes = getattr(scope.get("app"), "routes", None)
+    if isinstance(routes, Sequence):
+        try:
+            found, predicted = _match(routes, dict(scope), 0)
+        except Exception:  # a route type this lookup does not know: the door's own rules decide
+            logger.debug("the route lookup failed; the routes= and required= options decide", exc_info=True)
+        else:
+            if found:
+                endpoint = predicted
+    return _http.marked_rule(endpoint), endpoint
+
+
+def _match(routes: Iterable[Any], scope: Scope, depth: int) -> tuple[bool, object]:
+    """``(True, endpoint)`` for the first route matching ``scope`` fully, as Starlette's router picks it."""
+    for route in routes:
+        candidates = getattr(route, "effective_candidates", None)
+        if callable(candidates):  # FastAPI's included routers build their prefixed routes lazily
+            found, endpoint = _match(candidates(), scope, depth + 1)
+            if found:
+                return found, endpoint
+            continue
+        matches = getattr(route, "matches", None)
+        if not callable(matches):
+            continue
+        match, child = matches(dict(scope))  # a copy: matching must not touch the request's scope
+        if getattr(match, "value", None) != _FULL:
+            continue
+        inner = getattr(route, "routes", None)  # a Mount or a Host: the mounted app's own routes decide
+        if isinstance(inner, Sequence) and inner and depth < _DEPTH:
+            found, endpoint = _match(inner, {**scope, **child}, depth + 1)
+            if found:
+                return found, endpoint
+        return True, child.get("endpoint", getattr(route, "endpoint", None))
+    return False, None
+
+
+def _checking_route(scope: Scope, expected: object, rule: KeyRule, send: Send) -> Send:
+    """``send``, checking once the app answers that its router chose the endpoint whose mark was applied."""
+    checked = False
+
+    async def checking(message: Message) -> None:
+        nonlocal checked
+        if not checked:
+            checked = True
+            routed = scope.get("endpoint")
+            if routed is not None and routed is not expected:
+                found = _http.marked_rule(routed)
+                if found is not None and found != rule:
+                    _missed_mark(routed, found, rule)
+        await send(message)
+
+    return checking
+
+
+def _missed_mark(endpoint: object, found: KeyRule, rule: KeyRule) -> None:
+    """Log once per endpoint that its mark was not seen before routing (its router hides its routes)."""
+    name = f"{getattr(endpoint, '__module__', '?')}.{getattr(endpoint, '__qualname__', repr(endpoint))}"
+    if name in _missed:
+        return
+    _missed.add(name)
+    logger.error(
+        "%s is marked idempotency_key(%r), but the middleware did not find its route before routing and applied "
+        "%r: give the door routes={'<its path>': %r} for it (this router does not list its routes as Starlette's does)",
+        name, found, rule, found,
+    )  # fmt: skip
+
+
+_missed: set[str] = set()
+
+
+def _http_exception(error: Exception) -> bool:
+    """An HTTP exception of the framework (Starlette's, FastAPI's, Litestar's), raised by a scope function on purpose.
+
+    Litestar answers those raised in its middleware; Starlette's error middleware
+    answers them 500, as it did before any door.
+    """
+    return isinstance(getattr(error, "status_code", None), int)
 
 
 # --------------------------------------------------------------------------- small pieces

@@ -25,6 +25,9 @@ wearing its own ``@idempotent_view(...)`` options::
     @idempotent_view(required=True, ttl=3600)
     def charge(request): ...
 
+    @idempotency_key("ignore")   # never claimed: with required=True in settings, no 400 here
+    def webhook(request): ...
+
 Every decision (key, scope, fingerprint, what is kept, problem answers) is the
 shared core's; the stored envelopes are the other doors', so a Django service and
 a Starlette one over one Redis replay each other's answers.
@@ -47,18 +50,25 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied, SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.urls import Resolver404, resolve
 
 from . import _events, _http, asgi, wsgi
 from ._async import AsyncClaim
 from ._core import adapted, client_kind
-from ._http import UNSTORED_HEADER, Answer, Options
+from ._http import UNSTORED_HEADER, Answer, Options, idempotency_key
 from ._server import to_the_end_async
 from ._sync import Claim
 
-__all__ = ["SETTING", "GoblinClaimConfig", "IdempotencyMiddleware", "check_middleware_order", "idempotent_view"]
+__all__ = [
+    "SETTING",
+    "GoblinClaimConfig",
+    "IdempotencyMiddleware",
+    "check_middleware_order",
+    "idempotency_key",
+    "idempotent_view",
+]
 
 SETTING = "GOBLIN_CLAIM_IDEMPOTENCY"
 """The settings dict the middleware and the decorator read their options from."""
@@ -146,18 +156,17 @@ class _Door:
 
     # -- the request's side, once for both worlds
 
-    def _request(self, request: HttpRequest) -> tuple[str, str] | Answer | None:
+    def _request(self, request: HttpRequest, marked: _http.KeyRule | None) -> tuple[str, str] | Answer | None:
         """``(key, fp)`` of an intercepted request, an answer refusing it, or ``None`` to pass it through."""
         options = self.options
         if request.method not in options.methods:
             return None
+        rule = _http.key_rule(options, request, request.path, marked, "django")
+        if isinstance(rule, Answer):
+            return rule
         raw = request.META.get("HTTP_" + options.header.upper().replace("-", "_"))
-        if raw is None:
-            if options.required:
-                return _http.problem(400, f"this request needs an {options.header} header", code="key-missing")
-            return None
-        key = _http.parse_key(options.header, [raw.encode("latin-1")])
-        if isinstance(key, Answer):
+        key = _http.key_of(options, rule, [] if raw is None else [raw.encode("latin-1")])
+        if key is None or isinstance(key, Answer):
             return key
         declared = _http.declared_length(request.META.get("CONTENT_LENGTH") or None)
         if declared is not None and declared > options.max_body_bytes:
@@ -175,15 +184,20 @@ class _Door:
 
     # -- WSGI (sync)
 
-    def handle(self, request: HttpRequest, call: Callable[[HttpRequest], HttpResponseBase]) -> HttpResponseBase:
+    def handle(
+        self,
+        request: HttpRequest,
+        call: Callable[[HttpRequest], HttpResponseBase],
+        marked: _http.KeyRule | None = None,
+    ) -> HttpResponseBase:
         """Run ``call(request)`` once per key (sync), replaying its response to duplicates."""
-        parsed = self._request(request)
+        parsed = self._request(request, marked)
         if parsed is None:
             return call(request)
         if isinstance(parsed, Answer):
             return _response(parsed, self.options.problem_docs)
         key, fp = parsed
-        owner = _http.owner_of(self.options, request)
+        owner = _http.owner_of(self.options, request, "django", _answered_by_django)
         if isinstance(owner, Answer):
             return _response(owner, self.options.problem_docs)
         claim = self.sync_claim(self._name(request, owner, key), fp)
@@ -256,17 +270,24 @@ class _Door:
     # -- ASGI (async)
 
     async def ahandle(
-        self, request: HttpRequest, call: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
+        self,
+        request: HttpRequest,
+        call: Callable[[HttpRequest], Awaitable[HttpResponseBase]],
+        marked: _http.KeyRule | None = None,
     ) -> HttpResponseBase:
         """Run ``await call(request)`` once per key (async), replaying its response to duplicates."""
-        parsed = self._request(request)
+        parsed = self._request(request, marked)
         if parsed is None:
             return await call(request)
         if isinstance(parsed, Answer):
             return _response(parsed, self.options.problem_docs)
         key, fp = parsed
         # The scope function may touch request.user, a lazy database read Django refuses in an event loop.
-        owner = await sync_to_async(_http.owner_of)(self.options, request) if self.options.scope else None
+        owner = (
+            await sync_to_async(_http.owner_of)(self.options, request, "django", _answered_by_django)
+            if self.options.scope
+            else None
+        )
         if isinstance(owner, Answer):
             return _response(owner, self.options.problem_docs)
         claim = self.async_claim(self._name(request, owner, key), fp)
@@ -363,6 +384,11 @@ async def _abandon_async(claim: AsyncClaim, fp: str, reason: str) -> None:
     await asgi.mark(claim, _http.abandoned_payload(fp, reason))
 
 
+def _answered_by_django(error: Exception) -> bool:
+    """An exception Django answers itself (404, 403, 400), raised by a scope function on purpose."""
+    return isinstance(error, (Http404, PermissionDenied, SuspiciousOperation, BadRequest))
+
+
 def _accept(request: HttpRequest) -> bytes | None:
     value = request.META.get("HTTP_ACCEPT_ENCODING")
     return None if value is None else str(value).encode("latin-1")
@@ -414,25 +440,27 @@ class IdempotencyMiddleware:
         """Handle one request, in the world Django runs (a coroutine under ASGI)."""
         if self.async_mode:
             return self._acall(request)
-        if not self._guarded(request):
+        view = self._guarded(request)
+        if view is None:
             return self.get_response(request)
-        return self._door.handle(request, self.get_response)
+        return self._door.handle(request, self.get_response, _http.marked_rule(view))
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        if not self._guarded(request):
+        view = self._guarded(request)
+        if view is None:
             response: HttpResponseBase = await self.get_response(request)
             return response
-        return await self._door.ahandle(request, self.get_response)
+        return await self._door.ahandle(request, self.get_response, _http.marked_rule(view))
 
-    def _guarded(self, request: HttpRequest) -> bool:
-        """Whether this middleware claims the request: a method it intercepts, a URL that resolves, no own options."""
+    def _guarded(self, request: HttpRequest) -> Callable[..., Any] | None:
+        """The view it claims the request for (a method it intercepts, a URL that resolves, no own options), or None."""
         if request.method not in self._door.options.methods:
-            return False
+            return None
         try:
             match = resolve(request.path_info, getattr(request, "urlconf", None))
         except Resolver404:
-            return False  # no endpoint: its 404 is never kept
-        return not hasattr(match.func, _MARK)
+            return None  # no endpoint: its 404 is never kept
+        return None if hasattr(match.func, _MARK) else match.func
 
 
 def idempotent_view(**options: Any) -> Callable[[View], View]:
@@ -463,14 +491,14 @@ def idempotent_view(**options: Any) -> Callable[[View], View]:
                     response: HttpResponseBase = await view(req, *args, **kwargs)
                     return response
 
-                return await the_door().ahandle(request, call)
+                return await the_door().ahandle(request, call, _http.marked_rule(async_wrapped))
 
             setattr(async_wrapped, _MARK, True)
             return async_wrapped  # type: ignore[return-value]
 
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return the_door().handle(request, lambda req: view(req, *args, **kwargs))
+            return the_door().handle(request, lambda req: view(req, *args, **kwargs), _http.marked_rule(wrapped))
 
         setattr(wrapped, _MARK, True)
         return wrapped  # type: ignore[return-value]

@@ -9,6 +9,10 @@
     @idempotency.options(required=True, ttl=3600)   # this route's own options
     def charge(): ...
 
+    @app.post("/webhook")
+    @idempotency_key("ignore")                      # never claimed, with a key or without
+    def webhook(): ...
+
 It acts in ``before_request``, once routing is done: a request no route matches
 (a 404 or 405 from the router) passes through unclaimed; register your
 authentication's ``before_request`` first, so ``scope`` sees who is calling.
@@ -26,12 +30,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from flask import Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
 
 from . import _events, _http, wsgi
-from ._http import UNSTORED_HEADER, Answer, Options
+from ._http import UNSTORED_HEADER, Answer, Options, idempotency_key
 from ._sync import Claim
 
-__all__ = ["Idempotency"]
+__all__ = ["Idempotency", "idempotency_key"]
 
 View = TypeVar("View", bound=Callable[..., Any])
 _OPTIONS = "_goblin_claim_options"  # a route's own Options, set by Idempotency.options()
@@ -86,28 +91,27 @@ class Idempotency:
 
     # -- the hooks
 
-    def _route_options(self, app: Flask) -> Options:
+    def _route_options(self, app: Flask) -> tuple[Options, _http.KeyRule | None]:
+        """The view's options (its own, or the extension's) and its ``idempotency_key()`` mark."""
         view = app.view_functions.get(request.endpoint or "")
         own = getattr(view, _OPTIONS, None)
-        return own if isinstance(own, Options) else self.defaults
+        return (own if isinstance(own, Options) else self.defaults), _http.marked_rule(view)
 
     def _before(self) -> Response | None:
         if request.routing_exception is not None or request.endpoint is None:
             return None  # no route: the router's 404 or 405 is never kept
         from flask import current_app
 
-        options = self._route_options(current_app)
+        options, marked = self._route_options(current_app)
         if request.method not in options.methods:
             return None
+        rule = _http.key_rule(options, request, request.root_path + request.path, marked, "flask")
+        if isinstance(rule, Answer):
+            return _response(rule, options.problem_docs)
         raw = request.headers.getlist(options.header)
-        if not raw:
-            if options.required:
-                return _response(
-                    _http.problem(400, f"this request needs an {options.header} header", code="key-missing"),
-                    options.problem_docs,
-                )
+        key = _http.key_of(options, rule, [value.encode("latin-1") for value in raw])
+        if key is None:
             return None
-        key = _http.parse_key(options.header, [value.encode("latin-1") for value in raw])
         if isinstance(key, Answer):
             return _response(key, options.problem_docs)
         declared = request.content_length
@@ -116,7 +120,7 @@ class Idempotency:
         body = request.get_data(cache=True)
         if len(body) > options.max_body_bytes:
             return _response(_http.problem(413, _http.too_large_detail(options, len(body))), options.problem_docs)
-        owner = _http.owner_of(options, request)
+        owner = _http.owner_of(options, request, "flask", _aborted)
         if isinstance(owner, Answer):
             return _response(owner, options.problem_docs)
         kind = request.headers.get("Content-Type")
@@ -215,6 +219,11 @@ def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> 
 
     response.response = passing()
     return response
+
+
+def _aborted(error: Exception) -> bool:
+    """An HTTP exception (``abort(401)``) a scope function raised on purpose: Flask answers it."""
+    return isinstance(error, HTTPException)
 
 
 def _response(answer: Answer, docs: str | None) -> Response:

@@ -67,10 +67,11 @@ class IdempotencyMiddleware:
             valkey-py twins or GLIDE's ``glide_sync.GlideClient``), or a function
             of no arguments returning one (called on the first intercepted request,
             so a pre-forking server makes one per worker). Give it a ``socket_timeout``.
-        **options: The ASGI middleware's options (``required``, ``methods``,
+        **options: The ASGI middleware's options (``required``, ``routes``, ``methods``,
             ``header``, ``lease``, ``ttl``, ``wait``, ``scope``, ``shared_scope``,
             ``max_body_bytes``, ``max_response_bytes``, ``replay_headers``,
-            ``release_statuses``, ``namespace``); ``scope`` receives the WSGI environ.
+            ``release_statuses``, ``namespace``); ``scope`` and a ``routes`` function
+            receive the WSGI environ, ``routes`` patterns match ``SCRIPT_NAME + PATH_INFO``.
 
     Example::
 
@@ -90,16 +91,14 @@ class IdempotencyMiddleware:
         options = self.options
         if environ.get("REQUEST_METHOD", "GET") not in options.methods:
             return self.app(environ, start_response)
+        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+        rule = _http.key_rule(options, environ, path, None, "wsgi")
+        if isinstance(rule, Answer):
+            return _send(start_response, rule, options.problem_docs)
         raw = environ.get("HTTP_" + options.header.upper().replace("-", "_"))
-        if raw is None:
-            if options.required:
-                return _send(
-                    start_response,
-                    _http.problem(400, f"this request needs an {options.header} header", code="key-missing"),
-                    options.problem_docs,
-                )
+        key = _http.key_of(options, rule, [] if raw is None else [raw.encode("latin-1")])
+        if key is None:
             return self.app(environ, start_response)
-        key = _http.parse_key(options.header, [raw.encode("latin-1")])
         if isinstance(key, Answer):
             return _send(start_response, key, options.problem_docs)
         body = _read_body(options, environ)
@@ -107,13 +106,12 @@ class IdempotencyMiddleware:
             return _send(start_response, body, options.problem_docs)
         environ["wsgi.input"] = io.BytesIO(body)  # the app reads the body already read
         environ["CONTENT_LENGTH"] = str(len(body))
-        owner = _http.owner_of(options, environ)
+        owner = _http.owner_of(options, environ, "wsgi")
         if isinstance(owner, Answer):
             return _send(start_response, owner, options.problem_docs)
         kind = environ.get("CONTENT_TYPE")
         query = environ.get("QUERY_STRING", "").encode("latin-1")
         fp = _http.request_fingerprint(options, environ, None if kind is None else kind.encode("latin-1"), query, body)
-        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
         claim = self._door.claim(environ["REQUEST_METHOD"], path, owner, key, fp)
         accept = environ.get("HTTP_ACCEPT_ENCODING")
         # One "request" event, taking the outcome of the claim's round trips inside it.

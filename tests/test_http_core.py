@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from goblin_claim import InvalidArgumentError, InvalidArgumentTypeError
+from goblin_claim import InvalidArgumentError, InvalidArgumentTypeError, _http
 from goblin_claim._http import (
     Answer,
     abandoned_payload,
     claim_token,
     documented,
     holder_fp,
+    idempotency_key,
+    key_of,
+    key_rule,
     make_options,
+    marked_rule,
     owner_of,
     parse_key,
     problem,
@@ -26,6 +32,14 @@ from goblin_claim._http import (
     stored_payload,
     unstored_payload,
 )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_once() -> Iterator[None]:
+    """Each test starts with no failing function logged yet (the log is once per process and cause)."""
+    _http._logged.clear()
+    yield
+    _http._logged.clear()
 
 
 @pytest.mark.parametrize(
@@ -75,8 +89,10 @@ def test_owners_are_str_int_or_uuid_and_none_fails_closed() -> None:
         assert answer.status == 403
     assert owner_of(make_options(scope=lambda request: None, shared_scope=True), None) is None
     assert owner_of(make_options(), "ignored without a scope function") is None
-    with pytest.raises(InvalidArgumentTypeError, match="str, int, UUID or None"):
-        owner_of(options, True)
+    refused = owner_of(options, True)  # a bool is no owner: answered 500, naming what it returned
+    assert isinstance(refused, Answer)
+    assert (refused.status, refused.code) == (500, "scope-failed")
+    assert "returned bool" in json.loads(refused.body)["detail"]
 
 
 @pytest.mark.parametrize("status", [204, 304])
@@ -222,3 +238,167 @@ def test_the_holders_fingerprint_is_read_from_a_token_in_flight_and_a_records_to
     assert holder_fp(b"done " + tokens[0].encode()) == fp  # a from_keys claim key's done marker
     assert holder_fp(b"a-raw-writer") is None  # no fingerprint: the duplicate waits, then compares the envelope
     assert holder_fp(None) is None
+
+
+# --------------------------------------------------------------------------- which routes take a key
+
+
+def test_a_route_rule_comes_from_its_mark_then_routes_then_required() -> None:
+    """The route's own mark wins; then the first routes= pattern that matches; then required= for the rest."""
+    options = make_options(required=True, routes={"/webhooks/*": "ignore", "/webhooks/strict": "require"})
+    assert key_rule(options, None, "/webhooks/stripe", None) == "ignore"
+    assert key_rule(options, None, "/webhooks/strict", None) == "ignore"  # the first pattern that matches
+    assert key_rule(options, None, "/webhooks/a/b", None) == "ignore"  # '*' also matches '/'
+    assert key_rule(options, None, "/webhooks", None) == "require"
+    assert key_rule(options, None, "/orders", None) == "require"
+    assert key_rule(options, None, "/webhooks/stripe", "accept") == "accept"
+    assert key_rule(make_options(), None, "/orders", None) == "accept"
+
+
+def test_a_routes_function_decides_and_none_leaves_it_to_required() -> None:
+    """routes=function gets the request; its rule is applied, and None falls back to required=."""
+    options = make_options(required=True, routes=lambda request: "ignore" if request == "hook" else None)
+    assert key_rule(options, "hook", "/any", None) == "ignore"
+    assert key_rule(options, "order", "/any", None) == "require"
+
+
+@pytest.mark.parametrize("returned", ["ignored", 1, True])
+def test_a_routes_function_returning_something_else_is_answered_500(returned: object) -> None:
+    """A routes function returning anything but a rule or None is answered 500 routes-failed, naming its type."""
+    answer = key_rule(make_options(routes=lambda request: returned), None, "/orders", None)
+    assert isinstance(answer, Answer)
+    assert (answer.status, answer.code) == (500, "routes-failed")
+    assert f"returned {type(returned).__name__}" in json.loads(answer.body)["detail"]
+
+
+def test_a_key_is_required_accepted_or_ignored_by_its_rule() -> None:
+    """require: no key is 400; accept: no key passes; ignore: even a malformed key passes unparsed."""
+    options = make_options()
+    missing = key_of(options, "require", [])
+    assert isinstance(missing, Answer)
+    assert (missing.status, missing.code) == (400, "key-missing")
+    assert key_of(options, "accept", []) is None
+    assert key_of(options, "ignore", [b"", b"two"]) is None
+    assert key_of(options, "accept", [b"k-1"]) == key_of(options, "require", [b"k-1"]) == "k-1"
+    malformed = key_of(options, "accept", [b""])
+    assert isinstance(malformed, Answer)
+    assert malformed.status == 400
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [{"webhook": "ignore"}, {"/webhook": "skip"}, {"/webhook": None}, ["/webhook"], "/webhook", {7: "ignore"}],
+    ids=["no leading slash", "an unknown rule", "no rule", "a list", "a string", "not a string"],
+)
+def test_bad_routes_are_refused(routes: object) -> None:
+    """routes= must map '/'-patterns to one of the three rules, or be a function: anything else raises at once."""
+    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError)):
+        make_options(routes=routes)
+
+
+def test_the_mark_returns_the_endpoint_and_names_its_rule() -> None:
+    """idempotency_key() marks the endpoint itself (or a class-based view's class) and refuses an unknown rule."""
+
+    def webhook() -> None:
+        """An endpoint."""
+
+    assert idempotency_key("ignore")(webhook) is webhook
+    assert marked_rule(webhook) == "ignore"
+    assert _http.any_marked()
+
+    @idempotency_key("require")
+    class View:
+        """A class-based view, as Django's and Flask's as_view() expose it."""
+
+    def as_view() -> None:
+        """The view function as_view builds."""
+
+    as_view.view_class = View  # type: ignore[attr-defined]
+    assert marked_rule(as_view) == "require"
+    assert marked_rule(lambda: None) is None
+    with pytest.raises(InvalidArgumentError, match="'require', 'accept' or 'ignore'"):
+        idempotency_key("skip")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- a scope function that fails
+
+
+def _user_of(request: Any) -> object:
+    """A scope function reading an ASGI scope's user, as the README's does."""
+    return request["user"]
+
+
+def test_a_raising_scope_is_answered_500_naming_the_cause_and_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    """scope["user"] without authentication: 500 scope-failed naming KeyError('user') and the middleware order."""
+    options = make_options(scope=_user_of)
+    with caplog.at_level(logging.ERROR, logger="goblin_claim"):
+        answers = [owner_of(options, {}, "asgi") for _ in range(3)]
+    for answer in answers:
+        assert isinstance(answer, Answer)
+        assert (answer.status, answer.code) == (500, "scope-failed")
+        assert (b"content-type", b"application/problem+json") in answer.headers
+    detail = json.loads(answers[0].body)["detail"]
+    assert "raised KeyError('user')" in detail
+    assert "nothing was stored" in detail
+    assert "add the authentication middleware after this one" in detail
+    records = [r for r in caplog.records if r.name == "goblin_claim.asgi"]
+    assert len(records) == 1  # once per process for this function and cause, not once per request
+    assert records[0].exc_info is not None
+    assert "_user_of" in records[0].getMessage()
+
+
+def test_each_door_explains_a_failing_scope_in_its_own_words() -> None:
+    """The fix names where the door goes: WSGI inside the auth, Django after it in MIDDLEWARE, Flask after its hook."""
+    options = make_options(scope=lambda request: request.user.pk)
+    words = {
+        "wsgi": "auth(IdempotencyMiddleware(app, ...))",
+        "django": "after the authentication middleware in MIDDLEWARE",
+        "flask": "before Idempotency(app)",
+    }
+    for door, fix in words.items():
+        answer = owner_of(options, object(), door)
+        assert isinstance(answer, Answer)
+        detail = json.loads(answer.body)["detail"]
+        assert "raised AttributeError (no attribute 'user')" in detail
+        assert fix in detail
+
+
+def test_a_failing_scope_never_shows_its_message_to_the_client(caplog: pytest.LogCaptureFixture) -> None:
+    """An exception's message stays in the server log; the answer names only its type."""
+
+    def scope(request: Any) -> str:
+        raise RuntimeError("could not reach the user database at 10.0.0.3")
+
+    with caplog.at_level(logging.ERROR, logger="goblin_claim"):
+        answer = owner_of(make_options(scope=scope), None, "wsgi")
+    assert isinstance(answer, Answer)
+    assert b"10.0.0.3" not in answer.body
+    assert "raised RuntimeError" in json.loads(answer.body)["detail"]
+    assert "10.0.0.3" in caplog.text  # the traceback, for the operator
+
+
+def test_an_unusable_owner_is_answered_500_naming_its_type() -> None:
+    """A scope function returning the user object (not its id) is answered 500, telling to return the id."""
+
+    class User:
+        """A user object."""
+
+    answer = owner_of(make_options(scope=lambda request: User()), None, "django")
+    assert isinstance(answer, Answer)
+    detail = json.loads(answer.body)["detail"]
+    assert "returned User" in detail
+    assert "user.id, not the user object" in detail
+
+
+def test_an_exception_the_framework_answers_passes_through() -> None:
+    """An exception the door's framework answers itself (abort(401), PermissionDenied) is raised, not explained."""
+
+    class Unauthorized(Exception):
+        """The framework's own HTTP exception."""
+
+    def scope(request: Any) -> str:
+        raise Unauthorized
+
+    with pytest.raises(Unauthorized):
+        owner_of(make_options(scope=scope), None, "flask", lambda error: isinstance(error, Unauthorized))
+    assert isinstance(owner_of(make_options(scope=scope), None, "flask", lambda error: False), Answer)
