@@ -14,7 +14,7 @@ import logging
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -431,6 +431,177 @@ def test_a_scope_function_finding_no_owner_fails_closed_without_running_the_app(
             reply = await call(shared, {**http_scope(), "user": None}, b"{}")
             assert reply.status == 201
         assert app.runs == 1  # one shared space: the second is a replay
+
+    run(scenario)
+
+
+@pytest.fixture
+def fresh_log() -> Iterator[None]:
+    """No failing scope or routes function logged yet: the log is once per process and cause."""
+    _http._logged.clear()
+    yield
+    _http._logged.clear()
+
+
+@pytest.mark.usefixtures("fresh_log")
+def test_a_raising_scope_is_answered_500_runs_nothing_stores_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """scope["user"] with no authentication before the door: 500 scope-failed with the fix; logged once; no key."""
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        middleware = wrap(app, client, scope=lambda scope: scope["user"].display_name)
+        with caplog.at_level(logging.ERROR, logger="goblin_claim"):
+            replies = [await call(middleware, http_scope(key=f"k-{n}"), b"{}") for n in range(3)]
+        for reply in replies:
+            detail = reply.problem(500)["detail"]
+            assert "raised KeyError('user')" in detail
+            assert "scope['user'] is set by an authentication middleware" in detail
+        assert app.runs == 0
+        assert await client.keys(f"{NS}:*") == []
+        assert len([r for r in caplog.records if r.name == "goblin_claim.asgi"]) == 1
+
+    run(scenario)
+
+
+def test_an_http_exception_from_the_scope_function_goes_to_the_framework() -> None:
+    """An exception carrying a status_code (Litestar's NotAuthorizedException...) propagates for the framework."""
+
+    class NotAuthorized(Exception):
+        status_code = 401
+
+    def scope(scope: Scope) -> str:
+        raise NotAuthorized
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        with pytest.raises(NotAuthorized):
+            await call(wrap(app, client, scope=scope), http_scope(), b"{}")
+        assert app.runs == 0
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- which routes take a key
+
+
+def test_routes_patterns_ignore_a_webhook_under_required() -> None:
+    """required=True, routes={"/webhook": "ignore"}: the webhook runs keyless and keyed, unclaimed; /orders is 400."""
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        middleware = wrap(app, client, required=True, routes={"/webhook": "ignore"})
+        assert (await call(middleware, http_scope(key=None), b"{}")).status == 400
+        assert app.runs == 0
+        for key in (None, "k-1", "k-1", b""):  # even a malformed key is not read there
+            assert (await call(middleware, http_scope(path="/webhook", key=key), b"{}")).status == 201
+        assert app.runs == 4
+        assert await client.keys(f"{NS}:*") == []
+
+    run(scenario)
+
+
+def test_a_routes_function_gets_the_scope() -> None:
+    """routes=function decides from the ASGI scope; None leaves the request to required=."""
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        rule = lambda scope: "require" if scope["path"].startswith("/charges") else None  # noqa: E731
+        middleware = wrap(app, client, routes=rule)
+        assert (await call(middleware, http_scope(path="/charges/1", key=None), b"{}")).status == 400
+        assert (await call(middleware, http_scope(key=None), b"{}")).status == 201
+        assert app.runs == 1
+
+    run(scenario)
+
+
+@pytest.mark.usefixtures("fresh_log")
+def test_a_raising_routes_function_is_answered_500_and_runs_nothing() -> None:
+    """A routes function that raises is 500 routes-failed, before any key is read."""
+
+    def rule(scope: Scope) -> None:
+        raise LookupError("no such route table")
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        reply = await call(wrap(app, client, routes=rule), http_scope(), b"{}")
+        assert "routes function raised LookupError" in reply.problem(500)["detail"]
+        assert app.runs == 0
+
+    run(scenario)
+
+
+@dataclass
+class Handler:
+    """What Litestar puts in scope["route_handler"] before its middleware run: opt, and the handler's function."""
+
+    opt: dict[str, Any] = field(default_factory=dict)
+    fn: Any = None
+
+
+def test_a_litestar_handlers_opt_or_marked_function_decides() -> None:
+    """scope["route_handler"].opt["idempotency_key"], else its fn's mark, rules the route; a bad opt is refused."""
+
+    async def scenario(client: Any) -> None:
+        app = App()
+        middleware = wrap(app, client, required=True)
+        marked = goblin_claim.asgi.idempotency_key("ignore")(lambda: None)
+        for handler in (Handler(opt={"idempotency_key": "ignore"}), Handler(fn=marked)):
+            assert (await call(middleware, {**http_scope(key=None), "route_handler": handler}, b"{}")).status == 201
+        assert (await call(middleware, {**http_scope(key=None), "route_handler": Handler()}, b"{}")).status == 400
+        assert app.runs == 2
+        with pytest.raises(InvalidArgumentError, match="'require', 'accept' or 'ignore'"):
+            await call(middleware, {**http_scope(), "route_handler": Handler(opt={"idempotency_key": "no"})}, b"{}")
+
+    run(scenario)
+
+
+@dataclass
+class FakeRoute:
+    """A route as Starlette's router asks it: matches(scope) -> (Match, child scope)."""
+
+    path: str
+    endpoint: Any
+    routes: list[Any] = field(default_factory=list)
+
+    def matches(self, scope: Scope) -> tuple[Any, Scope]:
+        """FULL (value 2) when the path matches, or begins with a mount's path."""
+        hit = scope["path"] == self.path or (self.routes and scope["path"].startswith(self.path + "/"))
+        scope["touched"] = True  # a router may write its scope: the middleware's lookup hands it a copy
+        return (FULL, {"endpoint": self.endpoint}) if hit else (NONE, {})
+
+
+@dataclass(frozen=True)
+class MatchValue:
+    """Starlette's Match enum: its value is what the lookup reads."""
+
+    value: int
+
+
+FULL, NONE = MatchValue(2), MatchValue(0)
+
+
+@dataclass
+class Routed:
+    """An app exposing its routes as Starlette's does (``scope["app"].routes``)."""
+
+    routes: list[Any]
+
+
+def test_a_marked_endpoint_is_found_through_the_apps_routes_before_routing() -> None:
+    """The first full match among scope["app"].routes (mounts followed) gives the mark; the scope is not touched."""
+
+    async def scenario(client: Any) -> None:
+        webhook = goblin_claim.asgi.idempotency_key("ignore")(lambda: None)
+        deep = goblin_claim.asgi.idempotency_key("accept")(lambda: None)
+        routed = Routed([FakeRoute("/orders", lambda: None), FakeRoute("/webhook", webhook),
+                         FakeRoute("/mount", None, routes=[FakeRoute("/mount/deep", deep)])])  # fmt: skip
+        app = App()
+        middleware = wrap(app, client, required=True)
+        for path, status in (("/orders", 400), ("/webhook", 201), ("/mount/deep", 201), ("/nowhere", 400)):
+            scope = {**http_scope(path=path, key=None), "app": routed}
+            assert (await call(middleware, scope, b"{}")).status == status, path
+            assert "touched" not in scope
+        assert app.runs == 2
 
     run(scenario)
 

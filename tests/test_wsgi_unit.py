@@ -14,7 +14,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from goblin_claim import InvalidArgumentTypeError
+from goblin_claim import InvalidArgumentTypeError, _http
 from goblin_claim.testing import fake_async_redis, fake_redis
 from goblin_claim.wsgi import IdempotencyMiddleware
 
@@ -50,10 +50,12 @@ class Reply:
     body: bytes
 
 
-def call(middleware: Any, body: bytes = b"{}", key: str | None = "k-1", *, read_all: bool = True) -> Reply:
+def call(
+    middleware: Any, body: bytes = b"{}", key: str | None = "k-1", *, read_all: bool = True, path: str = "/orders"
+) -> Reply:
     """Call ``middleware`` as a WSGI server does: iterate the body (all of it, or one chunk), then close it."""
     environ: dict[str, Any] = {
-        "REQUEST_METHOD": "POST", "PATH_INFO": "/orders", "SCRIPT_NAME": "", "QUERY_STRING": "",
+        "REQUEST_METHOD": "POST", "PATH_INFO": path, "SCRIPT_NAME": "", "QUERY_STRING": "",
         "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json", "wsgi.input": io.BytesIO(body),
     }  # fmt: skip
     if key is not None:
@@ -148,6 +150,45 @@ def test_logs_name_neither_the_key_nor_the_response(client: Any, caplog: pytest.
         text = record.getMessage()
         for secret in ("customer-key-42", "/orders", "secret-body"):
             assert secret not in text
+
+
+def test_routes_patterns_require_or_ignore_the_key_per_path(client: Any) -> None:
+    """required=True with routes={'/hooks/*': 'ignore'}: a hook runs keyless, and keyed twice runs twice unclaimed."""
+    app = App()
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS, required=True, routes={"/hooks/*": "ignore"})
+    assert call(middleware, key=None).status == 400
+    assert app.runs == 0
+    assert [call(middleware, key=key, path="/hooks/stripe").status for key in (None, "k-1", "k-1")] == [201] * 3
+    assert app.runs == 3
+    assert client.keys(f"{NS}:*") == []  # never claimed
+
+
+@pytest.fixture
+def fresh_log() -> Iterator[None]:
+    """No failing scope function logged yet: the log is once per process and cause."""
+    _http._logged.clear()
+    yield
+    _http._logged.clear()
+
+
+@pytest.mark.usefixtures("fresh_log")
+def test_a_raising_scope_is_answered_500_and_nothing_runs_or_is_stored(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scope function reading an environ key no auth set is 500 scope-failed, naming it and the fix; logged once."""
+    app = App()
+    scope = lambda environ: environ["REMOTE_USER"]  # noqa: E731 -- the one-liner users write
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS, scope=scope)
+    with caplog.at_level(logging.ERROR, logger="goblin_claim"):
+        replies = [call(middleware) for _ in range(3)]
+    assert {reply.status for reply in replies} == {500}
+    problem = json.loads(replies[0].body)
+    assert replies[0].headers["content-type"] == "application/problem+json"
+    assert "raised KeyError('REMOTE_USER')" in problem["detail"]
+    assert "auth(IdempotencyMiddleware(app, ...))" in problem["detail"]
+    assert app.runs == 0
+    assert client.keys(f"{NS}:*") == []
+    assert len([r for r in caplog.records if r.name == "goblin_claim.wsgi"]) == 1
 
 
 def test_an_asyncio_client_is_refused() -> None:
