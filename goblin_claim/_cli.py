@@ -3,13 +3,15 @@
 - ``goblin-claim doctor --url URL``: is this server ready for goblin-claim? Native
   commands, scripts, cluster, eviction policy, what the connected ACL user may run;
   each finding with what to do. Exits 1 when there is a problem.
-- ``goblin-claim inspect KEY [--namespace NS]``: what a key's record holds.
-- ``goblin-claim forget KEY [--namespace NS]``: reopen a key (``Claim.forget()``),
-  saying what was deleted.
+- ``goblin-claim inspect KEY [--namespace NS | --http METHOD PATH [--owner OWNER]]``:
+  what a key's record holds; an HTTP door's key by its request, a decorated
+  function's or a job's by its name (``--function``, ``--task``).
+- ``goblin-claim forget KEY [...]``: reopen a key (``Claim.forget()``), saying what was deleted.
 - ``goblin-claim scan --namespace NS [--state STATE]``: every key of a namespace with
   its state, holder and TTL, walked with SCAN on every primary (never KEYS).
 - ``goblin-claim stats --namespace NS``: the same walk, counted by state; sampled and
   scaled by DBSIZE (and labelled an estimate) on large keyspaces.
+- ``goblin-claim namespaces``: the namespaces in use, with their keys counted.
 
 Every subcommand takes ``--url`` (default: ``$REDIS_URL``, else
 ``redis://localhost:6379/0``; ``valkey://`` and ``valkeys://`` URLs connect with
@@ -28,6 +30,7 @@ import re
 import secrets
 import sys
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TextIO
@@ -35,6 +38,7 @@ from typing import Any, Literal, TextIO
 import redis
 import redis.cluster
 
+from . import _http
 from ._clients import (
     CLUSTER_ERRORS,
     CLUSTERS,
@@ -54,7 +58,7 @@ from ._core import (
     check_namespace,
 )
 from ._envelope import FINGERPRINT_CHARS, Codec, ErrorEnvelope, ResultEnvelope, UnstorableEnvelope
-from ._errors import GoblinClaimError
+from ._errors import GoblinClaimError, InvalidArgumentError
 from ._outcomes import Claimed, Completed
 from ._sync import Claim
 
@@ -62,6 +66,8 @@ __all__ = ["Entry", "Finding", "KeyReport", "NodeTally", "doctor", "estimate", "
 
 DEFAULT_URL = "redis://localhost:6379/0"
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+# Stopped by the reader (`| head`) or by Ctrl-C: what a shell shows for SIGPIPE and SIGINT.
+EXIT_PIPE, EXIT_INTERRUPTED = 128 + 13, 128 + 2
 # "warning": worth changing, but nothing goblin-claim promises is at risk (exit status 0).
 Level = Literal["ok", "note", "warning", "problem"]
 Client = Any  # a standalone or cluster client of redis-py or valkey-py: both type them loosely
@@ -769,6 +775,7 @@ class KeyReport:
     problem: bool = False
     exists: bool = False  # the record, as forget() would delete it
     legacy: list[str] = field(default_factory=list)  # an older release's keys of the same key, still there
+    marker: str | None = None  # Celery's enqueue_once marker beside the record, when there is one
 
 
 def _ttl(ms: int) -> str:
@@ -829,13 +836,72 @@ def _legacy_names(namespace: str, key: str) -> tuple[str, str]:
     return record + ":claim", record + ":result"
 
 
+def http_key(
+    method: str, path: str, value: str, owner: str | None = None, owner_type: str = "str"
+) -> tuple[str, str, str]:
+    """The default namespace, the stored key and a description of an HTTP door's request, named as the doors name it.
+
+    Args:
+        method: The request's method (any case).
+        path: Its path as the client sent it, or its whole URL: the query string is left
+            out (the doors fingerprint it, they do not key on it) and percent-escapes are
+            decoded, as a server hands the path to the door.
+        value: The ``Idempotency-Key`` header's value, a bare token or an sf-string (``"..."``).
+        owner: What the door's ``scope`` function returned; ``None`` for no scope (or ``shared_scope``).
+        owner_type: ``str``, ``int`` or ``uuid``: the type ``scope`` returned (``7`` and ``"7"`` are two owners).
+
+    Raises:
+        InvalidArgumentError: A request the doors never claim or would refuse: a safe method,
+            a path without a leading ``/``, a malformed key, an empty or mistyped owner.
+    """
+    if owner == "":
+        raise InvalidArgumentError("an empty --owner is no owner: leave --owner out for a door without scope=")
+    if owner is None and owner_type != "str":
+        raise InvalidArgumentError("--owner-type needs --owner")
+    if method.upper() in _http.SAFE_METHODS:
+        raise InvalidArgumentError(
+            f"the doors never claim a {method.upper()} request (a safe method): no key is stored"
+        )
+    try:
+        typed = None if owner is None else {"str": str, "int": int, "uuid": uuid.UUID}[owner_type](owner)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--owner {owner!r} is not {'an int' if owner_type == 'int' else 'a UUID'}"
+        ) from None
+    options = _http.make_options(methods=(method,), scope=None if typed is None else lambda _request: typed)
+    key = _http.parse_key(options.header, [value.encode()])
+    if isinstance(key, _http.Answer):
+        raise InvalidArgumentError(json.loads(key.body)["detail"])
+    parts = urllib.parse.urlsplit(path)
+    if not parts.path.startswith("/"):
+        raise InvalidArgumentError(f"the path must begin with / (as in POST /payments), not {path!r}")
+    (verb,), shown = options.methods, urllib.parse.unquote(parts.path)
+    found = _http.owner_of(options, None)
+    assert not isinstance(found, _http.Answer)  # only an empty owner is refused, and it was above
+    said = f"{verb} {shown}, owner {'none' if found is None else repr(found)}, {options.header} {key!r}"
+    if parts.query:
+        said += " (its query string is in the fingerprint, not the key)"
+    return options.namespace, _http.claim_name(verb, shown, found, key), said
+
+
+def _operator_key(args: argparse.Namespace) -> tuple[str, str, str]:
+    """The namespace and stored key that ``inspect``'s and ``forget``'s arguments name, and how to say them."""
+    if args.http is None:
+        if args.owner is not None or args.owner_type != "str":
+            raise InvalidArgumentError("--owner names an HTTP door's key: give --http METHOD PATH too")
+        return args.namespace or "goblin", args.key, repr(args.key)
+    method, path = args.http
+    namespace, key, said = http_key(method, path, args.key, args.owner, args.owner_type)
+    return args.namespace or namespace, key, said
+
+
 def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
     """What the record of ``key`` holds, in words (and whether an older release's keys are left)."""
     record = build_keys(namespace, key)[0]
-    fence = record + FENCE_SUFFIX
+    fence, marker = record + FENCE_SUFFIX, record + _TASK.decode()
     legacy = _legacy_names(namespace, key)
     pipe = client.pipeline(transaction=False)
-    for name in (record, fence, *legacy):
+    for name in (record, fence, *legacy, marker):
         pipe.type(name)
         pipe.pttl(name)
     replies = pipe.execute()
@@ -843,6 +909,7 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
     fence_type = _text(replies[2])
     value = client.get(record) if kind == "string" else None
     counter = client.get(fence) if fence_type == "string" else None
+    first = client.get(marker) if _text(replies[-2]) == "string" else None
     report = KeyReport("", exists=kind != "none")
     lines = report.lines
     lines.append(f"key {key!r} in namespace {namespace!r}")
@@ -879,6 +946,9 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
                 report.state = f"held by {_shown(value)}, lease ends in {pttl / 1000:.1f} s: in flight"
     if counter is not None:
         lines.append(f"fence   {fence}: {_shown(counter)} (the fence of the latest claim)")
+    if first is not None:
+        report.marker = marker
+        lines.append(f"task    {marker}: {_shown(first)}, {_ttl(int(replies[-1]))} (Celery's enqueue_once marker)")
     for index, name in enumerate(legacy):
         legacy_type, legacy_pttl = _text(replies[4 + 2 * index]), int(replies[5 + 2 * index])
         if legacy_type == "none":
@@ -916,9 +986,11 @@ _UNESCAPED = {"25": "%", "7B": "{", "7D": "}"}
 _GLOB = re.compile(r"([*?\[\]\\])")
 _DONE = DONE_PREFIX.encode()
 _FENCE = FENCE_SUFFIX.encode()
+# The Celery door's enqueue_once keeps the first message's task id beside the record.
+_TASK = b":task"
 # An older release laid each key out on two keys, <ns>:{<key>}:claim and <ns>:{<key>}:result.
 _LEGACY_SUFFIXES = (b":claim", b":result")
-_SUFFIXES = (b"", _FENCE, *_LEGACY_SUFFIXES)
+_SUFFIXES = (b"", _FENCE, _TASK, *_LEGACY_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -934,6 +1006,8 @@ class Entry:
             TTL, ``None`` when none applies.
         holder: The holder token's owner part (never the call fingerprint after it), or ``None``.
         note: What is wrong, for odd keys.
+        raises: What ``acquire()`` raises on this key (``WrongTypeError``, ``ResultLostError``),
+            ``None`` when it serves the key: such a key makes ``scan`` and ``stats`` exit 1.
     """
 
     state: State
@@ -941,6 +1015,7 @@ class Entry:
     ttl_ms: int | None = None
     holder: str | None = None
     note: str = ""
+    raises: str | None = None
 
 
 def printable(raw: bytes) -> str:
@@ -966,7 +1041,8 @@ def parse_name(name: bytes, prefix: bytes) -> tuple[bytes, bytes] | None:
     """(hash tag, suffix) of a name under ``prefix`` (``<ns>:{``), else ``None``.
 
     The suffix is ``b""`` for a record ``<ns>:{<tag>}``, ``b":fence"`` for its fence
-    counter, and ``b":claim"`` or ``b":result"`` for an older release's two keys.
+    counter, ``b":task"`` for Celery's enqueue_once marker, and ``b":claim"`` or
+    ``b":result"`` for an older release's two keys.
     """
     if not name.startswith(prefix):
         return None
@@ -1008,7 +1084,12 @@ def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None
         return None  # expired or forgotten since SCAN named it
     if kind != "string" or head is None:
         return Entry(
-            "odd", key, _left(pttl), None, f"a {kind}, not written by goblin-claim: acquire() raises WrongTypeError"
+            "odd",
+            key,
+            _left(pttl),
+            None,
+            f"a {kind}, not written by goblin-claim: acquire() raises WrongTypeError",
+            "WrongTypeError",
         )
     if head.startswith(_DONE):
         cut = head.find(b" ", len(_DONE))
@@ -1020,6 +1101,7 @@ def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None
                 owner_part(head[len(_DONE) :]),
                 "a done marker without a value, not written by this release's complete(): acquire() raises "
                 "ResultLostError until the TTL ends or `goblin-claim forget` reopens the key",
+                "ResultLostError",
             )
         token = head[len(_DONE) : cut] if cut >= 0 else head[len(_DONE) :]
         return Entry("done", key, _left(pttl), owner_part(token), _NO_TTL if pttl == -1 else "")
@@ -1053,6 +1135,7 @@ class NodeTally:
     examined: int = 0  # names SCAN returned (sampling scans without MATCH, so all of them)
     finished: bool = False  # SCAN's cursor came back to 0: every key was seen
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+    raising: int = 0  # keys acquire() raises on (Entry.raises), among the odd ones
 
 
 def _wrong_type(reply: object) -> bool:
@@ -1118,8 +1201,8 @@ def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry
             yield Entry("odd", printable(name), note="a key under the namespace that goblin-claim does not write")
             continue
         tag, suffix = parsed
-        if suffix == _FENCE:
-            continue  # the fence counter outlives a released claim by design; the record speaks for it
+        if suffix in (_FENCE, _TASK):
+            continue  # a fence counter or Celery's marker: beside the record by design, which speaks for them
         if suffix:
             legacy.append((name, tag, suffix))
         else:
@@ -1184,6 +1267,7 @@ def walk(
             tally.examined += len(names)
             for entry in _entries(conn, prefix, names):
                 tally.counts[entry.state] += 1
+                tally.raising += entry.raises is not None
                 yield entry
             if int(cursor) == 0:
                 tally.finished = True
@@ -1204,6 +1288,31 @@ def estimate(tallies: Sequence[NodeTally]) -> tuple[dict[State, float], bool]:
         for state in STATES:
             totals[state] += tally.counts[state] * scale
     return totals, exact
+
+
+def namespaces(client: Client, cluster: bool, batch: int = DEFAULT_BATCH) -> dict[str, int]:
+    """Every namespace holding keys laid out as goblin-claim lays them out, with its keys counted; read-only.
+
+    One SCAN MATCH ``*:{*`` walk of every primary, names only (nothing is read): a key
+    counts as ``scan`` lists it (a record, or an older release's claim or result key;
+    not a fence counter or Celery's marker), so a namespace whose records are gone but
+    a fence counter is left shows 0. Another application's keys named ``<x>:{<y>}``
+    look the same and are counted too: ``scan --namespace`` reads them.
+    """
+    found: dict[str, int] = {}
+    for _node, conn in _primaries(client, cluster):
+        cursor = 0
+        while True:
+            cursor, names = conn.scan(cursor, match="*:{*", count=batch)
+            for name in names:
+                cut = name.find(b":{")  # a namespace has no braces: the first one opens the tag
+                parsed = parse_name(name, name[: cut + 2]) if cut > 0 and b"{" not in name[:cut] else None
+                if parsed is not None:
+                    space = printable(name[:cut])
+                    found[space] = found.get(space, 0) + (parsed[1] not in (_FENCE, _TASK))
+            if int(cursor) == 0:
+                break
+    return dict(sorted(found.items()))
 
 
 def _shown_ttl(ms: int | None) -> str:
@@ -1227,12 +1336,38 @@ def _parser() -> argparse.ArgumentParser:
         f"default $REDIS_URL, else {DEFAULT_URL}",
     )
     keyed = argparse.ArgumentParser(add_help=False)
-    keyed.add_argument("key", help="the idempotency key, as passed to Claim(...) or returned by @idempotent's key=")
+    keyed.add_argument(
+        "key",
+        help="the idempotency key: as passed to Claim(...), as key= gives it to @idempotent or a job door, or an "
+        "HTTP request's Idempotency-Key header value (with --http; a bare token or an sf-string)",
+    )
     keyed.add_argument(
         "--namespace",
-        default="goblin",
-        help="the namespace the key lives in (default: goblin, Claim's default; @idempotent's default is the "
-        "function's <module>.<qualified name>, e.g. shop.payments.charge)",
+        "--function",
+        "--task",
+        dest="namespace",
+        metavar="NS",
+        help="the namespace the key lives in: Claim's namespace= (default: goblin); a decorated function's "
+        "<module>.<qualified name> (e.g. shop.payments.charge), which is an RQ or arq job's too; a Celery task's or "
+        "Dramatiq actor's name; with --http, the door's namespace= (default: goblin-http)",
+    )
+    keyed.add_argument(
+        "--http",
+        nargs=2,
+        metavar=("METHOD", "PATH"),
+        help="KEY is the Idempotency-Key of this HTTP request to an ASGI, WSGI, Django or Flask door: its method "
+        "and path (or URL; the query string is not part of the key)",
+    )
+    keyed.add_argument(
+        "--owner",
+        help="with --http: what the door's scope= function returned for the request (default: none, a door "
+        "without scope= or with shared_scope=True)",
+    )
+    keyed.add_argument(
+        "--owner-type",
+        choices=("str", "int", "uuid"),
+        default="str",
+        help="the type scope= returned (default: str; the int 7 and the str '7' are two owners)",
     )
     walked = argparse.ArgumentParser(add_help=False)
     walked.add_argument(
@@ -1255,12 +1390,15 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  goblin-claim doctor --url redis://localhost:6379/0\n"
         "  goblin-claim inspect evt88\n"
-        "  goblin-claim inspect order-42 --namespace shop.payments.charge\n"
+        "  goblin-claim inspect order-42 --function shop.payments.charge\n"
+        "  goblin-claim inspect order-42 --http POST /payments --owner alice\n"
         "  goblin-claim forget evt88\n"
+        "  goblin-claim namespaces\n"
         "  goblin-claim scan --namespace shop.payments.charge --state in-flight\n"
         "  goblin-claim stats --namespace shop.payments.charge\n"
-        "exit status: 0 when all is well, 1 on a problem (doctor's findings, a key inspect finds odd, no "
-        "server), 2 on bad usage.",
+        "exit status: 0 when all is well; 1 on a problem (doctor's findings, a key inspect finds odd, a key scan or "
+        "stats finds that acquire() raises on, no server); 2 on bad usage; 141 when the reader closes the pipe "
+        "(| head), as SIGPIPE ends `yes | head`; 130 on Ctrl-C.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -1318,7 +1456,9 @@ def _parser() -> argparse.ArgumentParser:
         "and the retention left) and odd (keys of another type, names goblin-claim does not write, an older "
         "release's two-key layout, which this release does not read). Walks every primary of a cluster with SCAN "
         "MATCH in batches of --count, never KEYS; read-only. The holder is the token's owner part: the call "
-        "fingerprint @idempotent appends to it is never shown, nor are results (inspect KEY shows them).",
+        "fingerprint @idempotent appends to it is never shown, nor are results (inspect KEY shows them). "
+        "Exits 1 when it finds a key acquire() raises on (a key of another type, a done marker without its value), "
+        "listed or not.",
     )
     lister.add_argument(
         "--state",
@@ -1327,7 +1467,12 @@ def _parser() -> argparse.ArgumentParser:
         help="list only keys in this state (repeatable; default: all); the summary still counts every state",
     )
     lister.add_argument("--limit", type=_positive, metavar="N", help="stop after listing N keys")
-    lister.add_argument("--json", action="store_true", help="one JSON object per key and line, no header or summary")
+    lister.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON Lines: one object per key and line (state, key, ttl_ms, holder, note, raises), no header or "
+        "summary; no line at all when no key is listed",
+    )
     counter = commands.add_parser(
         "stats",
         parents=[walked, url],
@@ -1336,7 +1481,13 @@ def _parser() -> argparse.ArgumentParser:
         f"MATCH, unless the keyspace holds more than --exact-up-to keys (DBSIZE over the primaries; default "
         f"{EXACT_UP_TO:,}) or --sample is given: then it reads --sample SCAN batches of --count names per "
         f"primary (default {DEFAULT_SAMPLE}) and scales what it found by DBSIZE, and says the counts are an "
-        "estimate. Read-only.",
+        "estimate. Read-only. Exits 1 when it finds a key acquire() raises on.",
+    )
+    counter.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document: namespace, exact, counts (by state), total, raising (keys acquire() raises on), "
+        "primaries, examined, dbsize",
     )
     how = counter.add_mutually_exclusive_group()
     how.add_argument(
@@ -1349,6 +1500,18 @@ def _parser() -> argparse.ArgumentParser:
         default=EXACT_UP_TO,
         metavar="KEYS",
         help=f"walk everything when DBSIZE is at most this, else sample (default: {EXACT_UP_TO})",
+    )
+    spaces = commands.add_parser(
+        "namespaces",
+        parents=[url],
+        help="list the namespaces in use, with their keys counted",
+        description="List every namespace holding keys laid out as goblin-claim lays them out (<ns>:{<key>}), "
+        "with how many keys scan would list in it, over every primary of a cluster: one SCAN MATCH walk, never "
+        "KEYS, names only, read-only. Another application's keys of that shape are counted too.",
+    )
+    spaces.add_argument("--count", type=_positive, default=DEFAULT_BATCH, metavar="N", help="SCAN's COUNT")
+    spaces.add_argument(
+        "--json", action="store_true", help='JSON Lines: {"namespace": ..., "keys": N} per line; none when empty'
     )
     return parser
 
@@ -1364,15 +1527,37 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Run ``goblin-claim`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    """Run ``goblin-claim`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
+
+    A reader that closes the pipe (``| head``) ends the command quietly with 141, the
+    status a shell shows for ``yes | head``, since what was not written was not checked;
+    Ctrl-C ends it with 130, without a traceback.
+    """
     out = out or sys.stdout
-    args = _parser().parse_args(argv)
-    if args.namespace is not None:
+    try:
         try:
+            return _main(argv, out)
+        finally:
+            out.flush()  # here, where a closed pipe is caught, rather than at the interpreter's exit
+    except BrokenPipeError:
+        if out is sys.stdout:  # the interpreter flushes stdout again as it exits: into nothing
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None, out: TextIO) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command in ("inspect", "forget"):
+            args.namespace, args.key, args.said = _operator_key(args)
+        if getattr(args, "namespace", None) is not None:
             check_namespace(args.namespace)
-        except GoblinClaimError as exc:
-            print(f"goblin-claim: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+    except GoblinClaimError as exc:
+        print(f"goblin-claim {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     for module in getattr(args, "imports", ()):
         if not _import(module):
             return EXIT_USAGE
@@ -1409,10 +1594,9 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
         findings = doctor(client, cluster, args.namespace, write=not args.no_write, durable=not args.ephemeral)
         _print_findings(findings, out)
         return EXIT_PROBLEM if any(f.level == "problem" for f in findings) else EXIT_OK
-    if args.command in ("scan", "stats"):
+    if args.command in ("scan", "stats", "namespaces"):
         try:
-            run = _scan if args.command == "scan" else _stats
-            return run(args, client, cluster, out)
+            return {"scan": _scan, "stats": _stats, "namespaces": _namespaces}[args.command](args, client, cluster, out)
         except RESPONSE_ERRORS as exc:  # NOPERM on SCAN or a read, a cluster mid-resharding...
             print(f"goblin-claim {args.command}: the server refused: {_short(exc)}", file=out)
             return EXIT_PROBLEM
@@ -1422,12 +1606,22 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
         print(f"goblin-claim {args.command}: the server refused: {_short(exc)}", file=out)
         return EXIT_PROBLEM
     if args.command == "inspect":
+        if args.http:
+            print(f"HTTP    {args.said}", file=out)
         for line in report.lines:
             print(line, file=out)
         print(f"state   {report.state}", file=out)
+        if not report.exists and not report.legacy:
+            print(
+                "        (nothing under this name: `goblin-claim namespaces` lists the namespaces in use; an HTTP "
+                "door's key takes --http METHOD PATH [--owner OWNER])",
+                file=out,
+            )
         return EXIT_PROBLEM if report.problem else EXIT_OK
     try:
         deleted = Claim(client, args.key, namespace=args.namespace).forget()
+        if report.marker is not None:  # as the Celery task's own forget() does: let the next delay() through
+            client.delete(report.marker)
     except GoblinClaimError as exc:
         print(f"goblin-claim forget: {exc}", file=out)
         return EXIT_PROBLEM
@@ -1435,9 +1629,11 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
     if not deleted:
         print(f"nothing to forget: {record} does not exist", file=out)
     else:
-        print(f"forgot {args.key!r}: deleted {record}", file=out)
+        print(f"forgot {args.said}: deleted {record}", file=out)
         print(f"  it was: {report.state}", file=out)
         print("  the next acquire() claims it and runs the work again", file=out)
+    if report.marker is not None:
+        print(f"  deleted {report.marker}: Celery's enqueue_once marker, so delay() sends the task again", file=out)
     for name in report.legacy:
         print(f"  left {name}: an older release's key, which this release neither reads nor deletes", file=out)
     return EXIT_OK
@@ -1445,19 +1641,33 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
 
 def _where(args: argparse.Namespace, client: Client, cluster: bool) -> str:
     shape = f"a cluster of {len(client.get_primaries())} primaries" if cluster else "standalone"
-    return f"namespace {args.namespace!r} at {redacted(args.url)}, {shape}"
+    space = f"namespace {args.namespace!r} at " if getattr(args, "namespace", None) else ""
+    return f"{space}{redacted(args.url)}, {shape}"
+
+
+def _raising(count: int, args: argparse.Namespace, out: TextIO) -> int:
+    """Say how many keys ``acquire()`` raises on, if any; the exit status that calls for."""
+    if not count:
+        return EXIT_OK
+    print(
+        f"{count} key{'s' if count != 1 else ''} that acquire() raises on (WrongTypeError, ResultLostError): "
+        f"`goblin-claim inspect KEY --namespace {args.namespace}` says what each holds, `forget` reopens it",
+        file=out,
+    )
+    return EXIT_PROBLEM
 
 
 def _scan(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
     wanted = set(args.state or STATES)
     counts = dict.fromkeys(STATES, 0)
-    listed = 0
+    listed = raising = 0
     limited = False
     if not args.json:
         print(f"goblin-claim scan: {_where(args, client, cluster)}", file=out)
         print(f"{'STATE':<10}{'TTL LEFT':>12}  {'HOLDER':<32} KEY", file=out)
     for entry in walk(client, cluster, args.namespace, args.count):
         counts[entry.state] += 1
+        raising += entry.raises is not None
         if entry.state not in wanted:
             continue
         if args.limit is not None and listed >= args.limit:
@@ -1477,7 +1687,8 @@ def _scan(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) 
         else:
             shown = "" if wanted == set(STATES) else f", {listed} listed (--state {' '.join(sorted(wanted))})"
             print(f"{seen} key{'s' if seen != 1 else ''}: {summary}{shown}", file=out)
-    return EXIT_OK
+        return _raising(raising, args, out)
+    return EXIT_PROBLEM if raising else EXIT_OK
 
 
 def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
@@ -1491,6 +1702,14 @@ def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO)
     for _ in walk(client, cluster, args.namespace, args.count, sample=sample, tallies=tallies):
         pass
     totals, exact = estimate(tallies)
+    raising = sum(tally.raising for tally in tallies)
+    examined, size = sum(tally.examined for tally in tallies), sum(tally.dbsize for tally in tallies)
+    if args.json:
+        counts = {state: round(totals[state]) for state in STATES}
+        document = {"namespace": args.namespace, "exact": exact, "counts": counts, "total": sum(counts.values())}
+        document |= {"raising": raising, "primaries": len(tallies), "examined": examined, "dbsize": size}
+        print(json.dumps(document), file=out)
+        return EXIT_PROBLEM if raising else EXIT_OK
     mark = "" if exact else "~"
     print(f"goblin-claim stats: {_where(args, client, cluster)}", file=out)
     for state in STATES:
@@ -1500,8 +1719,6 @@ def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO)
     if exact:
         print(f"exact: every key of the namespace, walked with SCAN on {nodes}", file=out)
     else:
-        examined = sum(tally.examined for tally in tallies)
-        size = sum(tally.dbsize for tally in tallies)
         share = f" ({examined / size:.1%})" if size else ""
         print(
             f"estimate ({why}): {sample} SCAN batches of {args.count} per primary read {examined:,} of {size:,} keys"
@@ -1516,6 +1733,25 @@ def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO)
             f"{args.namespace} --state odd`",
             file=out,
         )
+    return _raising(raising, args, out)
+
+
+def _namespaces(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -> int:
+    found = namespaces(client, cluster, args.count)
+    if args.json:
+        for space, keys in found.items():
+            print(json.dumps({"namespace": space, "keys": keys}), file=out)
+        return EXIT_OK
+    print(f"goblin-claim namespaces: {_where(args, client, cluster)}", file=out)
+    print(f"{'KEYS':>10}  NAMESPACE", file=out)
+    for space, keys in found.items():
+        print(f"{keys:>10,}  {space}", file=out)
+    total = sum(found.values())
+    print(
+        f"{len(found)} namespace{'s' if len(found) != 1 else ''}, {total:,} key{'s' if total != 1 else ''}"
+        + ("; `goblin-claim stats --namespace NS` counts one's keys by state" if found else ""),
+        file=out,
+    )
     return EXIT_OK
 
 

@@ -159,16 +159,22 @@ def test_owner_part_leaves_out_only_the_call_fingerprint() -> None:
 
 
 def test_classify_names_each_state() -> None:
-    """A token: in flight; a record: done, by its token; a marker without a value or another type: odd."""
+    """A token: in flight; a record: done, by its token; a marker without a value or another type: odd, raising."""
     flying = classify("k", "string", 5000, b"w-1")
     assert flying is not None
-    assert (flying.state, flying.ttl_ms, flying.holder, flying.note) == ("in-flight", 5000, "w-1", "")
+    assert (flying.state, flying.ttl_ms, flying.holder, flying.note, flying.raises) == (
+        "in-flight",
+        5000,
+        "w-1",
+        "",
+        None,
+    )
     done = classify("k", "string", 9000, b"done w-1." + b"ab" * 8 + b" charged")
     assert done is not None
     assert (done.state, done.ttl_ms, done.holder, done.note) == ("done", 9000, "w-1", "")
     marker = classify("k", "string", 9000, b"done w-1")
     assert marker is not None
-    assert (marker.state, marker.ttl_ms, marker.holder) == ("odd", 9000, "w-1")
+    assert (marker.state, marker.ttl_ms, marker.holder, marker.raises) == ("odd", 9000, "w-1", "ResultLostError")
     assert "ResultLostError" in marker.note
     # A head cut at 1024 bytes inside a long token is still a record (its value comes after).
     long = classify("k", "string", 9000, b"done " + b"t" * 1019)
@@ -176,11 +182,11 @@ def test_classify_names_each_state() -> None:
     assert long.state == "done"
     hashed = classify("k", "hash", -1, None)
     assert hashed is not None
-    assert (hashed.state, hashed.ttl_ms) == ("odd", -1)
+    assert (hashed.state, hashed.ttl_ms, hashed.raises) == ("odd", -1, "WrongTypeError")
     assert "WrongTypeError" in hashed.note
     stuck = classify("k", "string", -1, b"w-1")
     assert stuck is not None
-    assert (stuck.state, stuck.ttl_ms) == ("in-flight", -1)
+    assert (stuck.state, stuck.ttl_ms, stuck.raises) == ("in-flight", -1, None)  # stuck, but acquire() answers
     assert "never frees itself" in stuck.note
     forever = classify("k", "string", -1, b"done w-1 v")
     assert forever is not None
@@ -193,7 +199,13 @@ def test_an_older_releases_keys_are_odd_and_say_so() -> None:
     """A claim or result key of the two-key layout: odd, named by its Redis key, saying this release ignores it."""
     entry = legacy_entry(b"ns:{k}:claim", b"k", b":claim", 5000)
     assert entry is not None
-    assert (entry.state, entry.key, entry.ttl_ms, entry.holder) == ("odd", "ns:{k}:claim", 5000, None)
+    assert (entry.state, entry.key, entry.ttl_ms, entry.holder, entry.raises) == (
+        "odd",
+        "ns:{k}:claim",
+        5000,
+        None,
+        None,
+    )
     assert "older release's two-key layout" in entry.note
     assert "does not read it" in entry.note
     assert legacy_entry(b"ns:{k}:result", b"k", b":result", -2) is None  # gone since SCAN named it
@@ -220,12 +232,12 @@ def test_printed_urls_hide_the_password() -> None:
 
 
 def test_scan_lists_each_state_with_holder_and_ttl(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
-    """In flight (holder, lease left), done (holder, retention left), odd and an older release's keys; no result."""
+    """In flight (holder, lease left), done (holder, retention left), odd, older-layout keys; no result; exit 1."""
     ns = unique("scan")
     made = make_each_state(stock, ns)
     before = {name: (stock.dump(name), stock.ttl(name)) for name in stock.scan_iter(match=f"{ns}:*")}
     status, entries = listing("--namespace", ns, "--count", "2", "--url", url(redis_standalone))
-    assert status == 0
+    assert status == 1  # the hash and the marker: acquire() raises on them
     assert set(entries) == each_state_keys(ns)
     flying = entries["evt-flying"]
     assert (flying["state"], flying["holder"]) == ("in-flight", "worker-3")
@@ -237,14 +249,17 @@ def test_scan_lists_each_state_with_holder_and_ttl(redis_standalone: servers.Red
     assert "a hash, not written by goblin-claim" in entries["evt-hash"]["note"]
     assert (entries["evt-marker"]["state"], entries["evt-marker"]["holder"]) == ("odd", "worker-5")
     assert "a done marker without a value" in entries["evt-marker"]["note"]
+    raising = {key: entry["raises"] for key, entry in entries.items() if entry["raises"]}
+    assert raising == {"evt-hash": "WrongTypeError", "evt-marker": "ResultLostError"}
     for name in made["legacy"]:
         assert entries[name]["state"] == "odd"
         assert "older release's two-key layout" in entries[name]["note"]
         assert 590_000 < entries[name]["ttl_ms"] <= 600_000
     status, text = run("scan", "--namespace", ns, "--url", url(redis_standalone))
-    assert status == 0
+    assert status == 1
     assert f"goblin-claim scan: namespace '{ns}' at {url(redis_standalone)}, standalone" in text
     assert "6 keys: 1 in-flight, 1 done, 4 odd" in text
+    assert "2 keys that acquire() raises on (WrongTypeError, ResultLostError)" in text
     assert "charged:txn_55" not in text  # results are never printed
     # Read-only: every key holds what it held, and the owner still completes its work.
     after = {name: (stock.dump(name), stock.ttl(name)) for name in stock.scan_iter(match=f"{ns}:*")}
@@ -276,16 +291,16 @@ def test_scan_lists_a_fenced_claim_once_and_an_evicted_record_not_at_all(
 def test_scan_filters_by_state_and_the_summary_counts_every_state(
     redis_standalone: servers.RedisProcess, stock: redis.Redis
 ) -> None:
-    """--state lists one state (repeatable); the summary still counts every state; the exit status stays 0."""
+    """--state lists one state (repeatable); the summary and the exit status still count every key walked."""
     ns = unique("scan")
     make_each_state(stock, ns)
     status, text = run("scan", "--namespace", ns, "--state", "in-flight", "--url", url(redis_standalone))
-    assert status == 0
+    assert status == 1  # the odd keys acquire() raises on were walked, though not listed
     assert "evt-flying" in text
     assert "evt{done}" not in text
     assert "6 keys: 1 in-flight, 1 done, 4 odd, 1 listed (--state in-flight)" in text
     status, entries = listing("--namespace", ns, "--state", "done", "--state", "odd", "--url", url(redis_standalone))
-    assert status == 0
+    assert status == 1
     assert set(entries) == each_state_keys(ns) - {"evt-flying"}
     with pytest.raises(SystemExit) as refused:  # "lost" (a done marker without its result) needs two keys
         run("scan", "--namespace", ns, "--state", "lost", "--url", url(redis_standalone))
@@ -434,7 +449,7 @@ def test_a_scan_during_live_work_never_reports_a_false_odd_key(
 
 
 def test_stats_counts_each_state_exactly(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
-    """An exact walk counts every state, says it is exact and points at the odd keys; exit 0."""
+    """An exact walk counts every state, says it is exact and points at the odd keys; exit 1 until they are gone."""
     ns = unique("stats")
     made = make_each_state(stock, ns)
     for index in range(7):
@@ -443,8 +458,9 @@ def test_stats_counts_each_state_exactly(redis_standalone: servers.RedisProcess,
         if index % 2:
             claim.complete("v")
     status, text = run("stats", "--namespace", ns, "--count", "3", "--url", url(redis_standalone))
-    assert status == 0, text
+    assert status == 1, text
     assert counts(text) == {"in-flight": "5", "done": "4", "odd": "4", "total": "13"}
+    assert "2 keys that acquire() raises on" in text
     assert "exact: every key of the namespace, walked with SCAN on 1 primary" in text
     assert (
         f"odd keys found: 4; list them, with what each is, with `goblin-claim scan --namespace {ns} --state odd`"
@@ -490,7 +506,7 @@ def test_stats_samples_a_large_keyspace_and_labels_the_estimate(redis_server_bin
                 pipe.hset(f"big:{{odd-{index}}}", "f", "v")
             pipe.execute()
             status, text = run("stats", "--namespace", "big", "--sample", "4", "--count", "300", "--url", target)
-            assert status == 0, text
+            assert status == 1, text  # hashes where records belong, found in the sample
             assert int(counts(text)["odd"].lstrip("~").replace(",", "")) > 0
             assert "odd keys found in the sample" in text
             # Evicted records are simply gone: the work is free again.
@@ -508,7 +524,7 @@ def test_stats_samples_a_large_keyspace_and_labels_the_estimate(redis_server_bin
 def test_scan_walks_every_primary_of_a_cluster(
     redis_cluster: list[servers.RedisProcess], cluster_client: redis.cluster.RedisCluster
 ) -> None:
-    """Given one node, the console script lists keys from all three primaries, each once; exit 0."""
+    """Given one node, the console script lists keys from all three primaries, each once; exit 1 for the odd two."""
     ns = unique("cscan")
     make_each_state(cluster_client, ns)
     keys = [f"spread-{index}" for index in range(40)]
@@ -517,7 +533,7 @@ def test_scan_walks_every_primary_of_a_cluster(
     holders = {cluster_client.get_node_from_key(build_keys(ns, key)[0]).name for key in keys}
     assert len(holders) == 3  # the keys really are spread over every primary
     done = cli("scan", "--json", "--namespace", ns, "--count", "5", "--url", url(redis_cluster[2]))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # make_each_state's hash and marker
     entries = [json.loads(line) for line in done.stdout.splitlines()]
     listed = collections.Counter(entry["key"] for entry in entries)
     assert listed == dict.fromkeys([*keys, *each_state_keys(ns)], 1)
@@ -538,11 +554,11 @@ def test_stats_on_a_cluster_counts_every_primary(
         claim.acquire()
         claim.complete("v")
     done = cli("stats", "--namespace", ns, "--count", "4", "--url", url(redis_cluster[1]), module=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
     assert counts(done.stdout) == {"in-flight": "1", "done": "31", "odd": "4", "total": "36"}
     assert "walked with SCAN on 3 primaries" in done.stdout
     done = cli("stats", "--namespace", ns, "--sample", "1", "--count", "2", "--url", url(redis_cluster[1]), module=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in (0, 1), done.stdout + done.stderr  # 1 when the sample met the hash or the marker
     assert "estimate (--sample 1)" in done.stdout
     assert "on 3 primaries" in done.stdout
 
@@ -560,7 +576,8 @@ def test_scan_help_documents_the_states_and_the_exit_status() -> None:
     for words in ("--sample", "--exact", "estimate", "DBSIZE", "in-flight, done, odd"):
         assert words in flat, words
     top = " ".join(cli("--help").stdout.split())
-    assert "exit status: 0 when all is well, 1 on a problem" in top
+    assert "exit status: 0 when all is well; 1 on a problem" in top
+    assert "a key scan or stats finds that acquire() raises on" in top
     assert "lost" not in top
 
 
