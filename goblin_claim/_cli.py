@@ -859,9 +859,7 @@ def http_key(
     if owner is None and owner_type != "str":
         raise InvalidArgumentError("--owner-type needs --owner")
     if method.upper() in _http.SAFE_METHODS:
-        raise InvalidArgumentError(
-            f"the doors never claim a {method.upper()} request (a safe method): no key is stored"
-        )
+        raise InvalidArgumentError(f"the doors never claim {method.upper()} (a safe method): it has no key")
     try:
         typed = None if owner is None else {"str": str, "int": int, "uuid": uuid.UUID}[owner_type](owner)
     except ValueError:
@@ -886,6 +884,10 @@ def http_key(
 
 def _operator_key(args: argparse.Namespace) -> tuple[str, str, str]:
     """The namespace and stored key that ``inspect``'s and ``forget``'s arguments name, and how to say them."""
+    try:
+        args.key.encode()
+    except UnicodeEncodeError:  # bytes the shell passed that the locale does not decode
+        raise InvalidArgumentError(f"the key {args.key!r} is not UTF-8 text") from None
     if args.http is None:
         if args.owner is not None or args.owner_type != "str":
             raise InvalidArgumentError("--owner names an HTTP door's key: give --http METHOD PATH too")
@@ -1083,14 +1085,8 @@ def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None
     if kind == "none":
         return None  # expired or forgotten since SCAN named it
     if kind != "string" or head is None:
-        return Entry(
-            "odd",
-            key,
-            _left(pttl),
-            None,
-            f"a {kind}, not written by goblin-claim: acquire() raises WrongTypeError",
-            "WrongTypeError",
-        )
+        note = f"a {kind}, not written by goblin-claim: acquire() raises WrongTypeError"
+        return Entry("odd", key, _left(pttl), None, note, "WrongTypeError")
     if head.startswith(_DONE):
         cut = head.find(b" ", len(_DONE))
         if cut < 0 and len(head) < _HEAD:
@@ -1687,6 +1683,8 @@ def _scan(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) 
         else:
             shown = "" if wanted == set(STATES) else f", {listed} listed (--state {' '.join(sorted(wanted))})"
             print(f"{seen} key{'s' if seen != 1 else ''}: {summary}{shown}", file=out)
+            if not seen:
+                print("(`goblin-claim namespaces` lists the namespaces in use)", file=out)
         return _raising(raising, args, out)
     return EXIT_PROBLEM if raising else EXIT_OK
 

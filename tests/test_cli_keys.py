@@ -221,7 +221,7 @@ def test_an_int_owner_a_mounted_path_and_an_escaped_path_name_the_wsgi_doors_key
     [
         (["inspect", "k", "--owner", "alice"], "--owner names an HTTP door's key: give --http METHOD PATH too"),
         (["inspect", "k", "--owner-type", "int"], "--owner names an HTTP door's key"),
-        (["forget", "k", "--http", "GET", "/a"], "the doors never claim a GET request (a safe method)"),
+        (["forget", "k", "--http", "GET", "/a"], "the doors never claim GET (a safe method): it has no key"),
         (["inspect", "k", "--http", "POST", "payments"], "the path must begin with /"),
         (["inspect", "k", "--http", "POST", "/a", "--owner", ""], "an empty --owner is no owner"),
         (["inspect", "k", "--http", "POST", "/a", "--owner-type", "int"], "--owner-type needs --owner"),
@@ -229,6 +229,7 @@ def test_an_int_owner_a_mounted_path_and_an_escaped_path_name_the_wsgi_doors_key
         (["inspect", '"a"b"', "--http", "POST", "/a"], "not a well-formed structured-field string"),
         (["inspect", "k" * 256, "--http", "POST", "/a"], "1 to 255 printable ASCII characters"),
         (["inspect", "k", "--http", "P0ST", "/a"], "method names such as 'POST', not 'P0ST'"),
+        (["forget", "k\udcff"], "the key 'k\\udcff' is not UTF-8 text"),  # a byte the locale cannot decode
     ],
 )
 def test_a_key_the_doors_would_refuse_is_bad_usage(argv: list[str], said: str) -> None:
@@ -331,6 +332,10 @@ def test_namespaces_lists_each_namespace_with_its_keys(own_server: Callable[...,
     assert empty.returncode == 0, empty.stderr
     assert "0 namespaces, 0 keys\n" in empty.stdout
     assert listed("--url", target) == []
+    nothing = cli("scan", "--url", target)  # the default namespace, goblin, is empty: say where to look
+    assert (
+        "0 keys: 0 in-flight, 0 done, 0 odd\n(`goblin-claim namespaces` lists the namespaces in use)" in nothing.stdout
+    )
     client = server.client()
     try:
         door = goblin_claim.wsgi.IdempotencyMiddleware(refund_app(Counter()), client=client)
