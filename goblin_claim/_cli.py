@@ -1526,8 +1526,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run ``goblin-claim`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
 
     A reader that closes the pipe (``| head``) ends the command quietly with 141, the
-    status a shell shows for ``yes | head``, since what was not written was not checked;
-    Ctrl-C ends it with 130, without a traceback.
+    status a shell shows for ``yes | head`` (not 0: a walk cut short vouches for nothing
+    it did not reach); Ctrl-C ends it with 130, without a traceback.
     """
     out = out or sys.stdout
     try:
