@@ -66,6 +66,7 @@ from goblin_claim import (
     ConnectionFailedError,
     GoblinClaimError,
     InFlight,
+    InvalidArgumentError,
     NotReplicatedError,
     StillInFlightError,
     idempotent,
@@ -86,6 +87,8 @@ REPLICATION_LAG = 2.0
 RESERVE = 2
 # The longest a duplicate waits for in-flight work in one attempt (wait() and @idempotent's wait=).
 WAIT = 5.0
+# The recipe's durability option, where the SDK takes it.
+REPLICATED: dict[str, Any] = {"replicas": 1, "replica_timeout_ms": 500}
 NONCE = re.compile(rb"\|([0-9a-f]{6}\.\d+)")
 # What @idempotent's final write says when the client raised something that is not the SDK's own.
 STORE_WRAPPER = "ran, but storing its result failed:"
@@ -112,8 +115,9 @@ class Settings:
         seed: The run's seed; ``None`` takes ``NEMESIS_SEED`` or a fresh one.
         replicas: Replicas per primary (1 or 2).
         recipe: The README's failover recipe: ``min-replicas-to-write 1`` (and
-            ``min-replicas-max-lag 2``) on every node, ``replicas=1`` on the sync claims and
-            decorator (the asyncio cluster client and batches refuse it), and its Retry.
+            ``min-replicas-max-lag 2``) on every node, its Retry, and ``replicas=1`` on every
+            path whose client the SDK under test accepts it on (probed once per run: the
+            asyncio cluster client and batches once refused it).
         rate: New ids per second, per path.
         lease: Every claim's lease, in seconds.
         deadline: Seconds each caller keeps trying for before it gives up.
@@ -412,11 +416,14 @@ def namespace(path: str) -> str:
 class SyncPaths:
     """The sync callers, over one ``RedisCluster`` shared by every thread."""
 
-    def __init__(self, settings: Settings, client: redis.cluster.RedisCluster, ledger: Ledger) -> None:
+    def __init__(
+        self, settings: Settings, client: redis.cluster.RedisCluster, ledger: Ledger, replicated: frozenset[str]
+    ) -> None:
         self.settings = settings
         self.client = client
         self.ledger = ledger
-        self.options: dict[str, Any] = {"replicas": 1, "replica_timeout_ms": 500} if settings.recipe else {}
+        self.options = REPLICATED if "sync-claim" in replicated else {}
+        self.batch_options = REPLICATED if "sync-batch" in replicated else {}
         ledger_ = ledger
 
         def body(ident: str) -> str:
@@ -540,8 +547,8 @@ class SyncPaths:
             caller.attempt_at = now()
             try:
                 pairs = Claim.acquire_many(
-                    self.client, pending, lease=RESERVE, namespace=namespace("sync-batch")
-                )  # fmt: skip
+                    self.client, pending, lease=RESERVE, namespace=namespace("sync-batch"), **self.batch_options
+                )
                 unstarted = {claim.key: claim for claim, outcome in pairs if isinstance(outcome, Claimed)}
                 started = 0
                 for claim, outcome in pairs:
@@ -686,10 +693,18 @@ class SyncWorkload:
 class AsyncPaths:
     """The asyncio callers, over one asyncio ``RedisCluster`` shared by every task."""
 
-    def __init__(self, settings: Settings, client: redis.asyncio.cluster.RedisCluster, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client: redis.asyncio.cluster.RedisCluster,
+        ledger: Ledger,
+        replicated: frozenset[str],
+    ) -> None:
         self.settings = settings
         self.client = client
         self.ledger = ledger
+        self.options = REPLICATED if "async-claim" in replicated else {}
+        self.batch_options = REPLICATED if "async-batch" in replicated else {}
         ledger_ = ledger
 
         async def body(ident: str) -> str:
@@ -699,9 +714,8 @@ class AsyncPaths:
             execution.end = now()
             return execution.value
 
-        # No replicas=: the asyncio cluster client cannot pin WAIT to the write's connection.
         self.decorated = idempotent(
-            client, key="ident", namespace=namespace("async-decorator"), lease=settings.lease, wait=WAIT
+            client, key="ident", namespace=namespace("async-decorator"), lease=settings.lease, wait=WAIT, **self.options
         )(body)
 
     async def call(self, caller: Caller) -> None:
@@ -754,7 +768,12 @@ class AsyncPaths:
             self.ledger.settle(answer, "completed")
             return answer
         claim = AsyncClaim(
-            self.client, ident, lease=self.settings.lease, namespace=namespace(path), fencing=path == "async-fenced"
+            self.client,
+            ident,
+            lease=self.settings.lease,
+            namespace=namespace(path),
+            fencing=path == "async-fenced",
+            **self.options,
         )
         outcome = await claim.acquire()
         if isinstance(outcome, InFlight):
@@ -802,7 +821,7 @@ class AsyncPaths:
             caller.attempt_at = now()
             try:
                 pairs = await AsyncClaim.acquire_many(
-                    self.client, pending, lease=RESERVE, namespace=namespace("async-batch")
+                    self.client, pending, lease=RESERVE, namespace=namespace("async-batch"), **self.batch_options
                 )
                 unstarted = {claim.key: claim for claim, outcome in pairs if isinstance(outcome, Claimed)}
                 started = 0
@@ -854,12 +873,50 @@ class AsyncPaths:
         return False
 
 
+async def probe_async_replicas(client: redis.asyncio.cluster.RedisCluster) -> set[str]:
+    """The asyncio paths whose calls the SDK under test takes ``replicas=`` on."""
+    taken: set[str] = set()
+    for path, attempt in (
+        ("async-claim", lambda: AsyncClaim(client, "replicas", namespace="nem-probe", **REPLICATED).acquire()),
+        ("async-batch", lambda: AsyncClaim.acquire_many(client, ["replicas-b"], namespace="nem-probe", **REPLICATED)),
+    ):
+        with contextlib.suppress(InvalidArgumentError):
+            await attempt()
+            taken.add(path)
+    return taken
+
+
+def probe_sync_replicas(client: redis.cluster.RedisCluster) -> set[str]:
+    """The sync paths whose calls the SDK under test takes ``replicas=`` on."""
+    taken: set[str] = set()
+    for path, attempt in (
+        ("sync-claim", lambda: Claim(client, "replicas", namespace="nem-probe", **REPLICATED).acquire()),
+        ("sync-batch", lambda: Claim.acquire_many(client, ["replicas-b"], namespace="nem-probe", **REPLICATED)),
+    ):
+        with contextlib.suppress(InvalidArgumentError):
+            attempt()
+            taken.add(path)
+    return taken
+
+
 async def run_async_workload(
-    settings: Settings, port: int, ledger: Ledger, jobs: list[Job], callers: list[Caller], t0: float, timeout: float
+    settings: Settings,
+    port: int,
+    ledger: Ledger,
+    jobs: list[Job],
+    callers: list[Caller],
+    t0: float,
+    timeout: float,
+    replicated: set[str],
 ) -> bool:
-    """Run the asyncio jobs on this loop; whether every caller ended within ``timeout`` seconds of ``t0``."""
+    """Run the asyncio jobs on this loop; whether every caller ended within ``timeout`` seconds of ``t0``.
+
+    With the recipe, the paths found to take ``replicas=`` are added to ``replicated``.
+    """
     client = async_cluster_client(port, settings.recipe)
-    paths = AsyncPaths(settings, client, ledger)
+    if settings.recipe:
+        replicated.update(await probe_async_replicas(client))
+    paths = AsyncPaths(settings, client, ledger, frozenset(replicated))
 
     def made(job: Job, role: str, give_back: int | None) -> Caller:
         caller = Caller(next(_caller_serial), job, role, give_back)
@@ -1477,6 +1534,7 @@ def run(settings: Settings) -> Report:
     with servers.cluster_with_replicas(settings.binary, 3, settings.replicas, extra) as cluster, logs.attached():
         port = cluster.nodes[0].port
         sync_client = sync_cluster_client(port, settings.recipe)
+        replicated: set[str] = probe_sync_replicas(sync_client) if settings.recipe else set()
         sync_jobs = [job for job in jobs if job.path in SYNC_PATHS]
         async_jobs = [job for job in jobs if job.path in ASYNC_PATHS]
         sync_callers: list[Caller] = []
@@ -1488,12 +1546,13 @@ def run(settings: Settings) -> Report:
         t0 = now() + 0.5
 
         def sync_side() -> None:
-            workload = SyncWorkload(settings, SyncPaths(settings, sync_client, ledger), sync_jobs, sync_callers)
+            paths = SyncPaths(settings, sync_client, ledger, frozenset(replicated))
+            workload = SyncWorkload(settings, paths, sync_jobs, sync_callers)
             outcome["sync"] = workload.run(t0, timeout)
 
         def async_side() -> None:
             outcome["async"] = asyncio.run(
-                run_async_workload(settings, port, ledger, async_jobs, async_callers, t0, timeout)
+                run_async_workload(settings, port, ledger, async_jobs, async_callers, t0, timeout, replicated)
             )
 
         threads = [
@@ -1541,6 +1600,14 @@ def run(settings: Settings) -> Report:
             untimed,
         )
         report.replay = replay
+        # The paths that sent WAIT behind their writes: a path's claims, fenced claims and decorator share it.
+        report.summary["replicas_on"] = sorted(
+            path
+            for path in ALL_PATHS
+            if path in replicated
+            or path.replace("-fenced", "-claim") in replicated
+            or path.replace("-decorator", "-claim") in replicated
+        )
         report.summary["server_errors"] = answered
         report.summary["log_warnings"] = dict(logs.counts.most_common())
         report.details.extend(f"first log line of {name}: {line}" for name, line in logs.first.items())
