@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import threading
+import traceback
 import urllib.parse
 import uuid
 import zlib
@@ -672,15 +673,19 @@ def misconfigured(
 
     Nothing ran and nothing was stored. The answer names the cause (the
     exception's type, and for a ``KeyError`` or ``AttributeError`` the missing
-    name; or the type returned) and the fix; the server log has the same line
-    with the traceback, once per process for each function and cause, so a
-    misconfigured service does not write one line per request.
+    name; or the type returned) and the fix. The server log has one line at
+    ERROR with the exception's message and where it was raised, once per
+    process for each function and cause, so a misconfigured service does not
+    write a line per request.
     """
     name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', repr(function))}"
     if error is not None:
         cause, kind = f"raised {_cause(error)}", type(error).__name__
+        frames = traceback.extract_tb(error.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        told = f"raised {type(error).__name__}: {error}{where}"
     else:
-        cause = kind = f"returned {type(value).__name__}"
+        cause = kind = told = f"returned {type(value).__name__}"
     fix = _fix(door, option, error)
     code = f"{option}-failed"
     with _logged_lock:
@@ -691,7 +696,7 @@ def misconfigured(
         logging.getLogger(f"goblin_claim.{door}").error(
             "the %s function %s %s: every request it fails on is answered 500 (%s) without running the app, and "
             "this is logged once; %s",
-            option, name, cause, code, fix, exc_info=error,
+            option, name, told, code, fix,
         )  # fmt: skip
     detail = f"the server's idempotency {option} function {cause}, so the request was not run and nothing was stored"
     return problem(500, f"{detail}; {fix}", code=code)

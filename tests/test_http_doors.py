@@ -205,6 +205,37 @@ def test_a_view_with_its_own_options_uses_them(service: Service) -> None:
     assert service.runs("own") - before == 1
 
 
+def test_a_route_that_ignores_the_key_is_never_claimed(service: Service) -> None:
+    """A webhook ruled 'ignore' (a mark on the view, routes= on the bare door) runs each time a key is sent."""
+    key, before = uuid.uuid4().hex, service.runs("webhook")
+    answers = [service.post("/webhook", key) for _ in range(2)]
+    assert [r.status_code for r in answers] == [201, 201]
+    assert not any("idempotent-replayed" in r.headers for r in answers)
+    assert service.runs("webhook") - before == 2
+    assert [k for k in service.redis.scan_iter(f"{service.namespace}:*") if key.encode() in k] == []
+
+
+def test_a_failing_scope_is_explained_and_the_view_never_runs(service: Service) -> None:
+    """A view's scope reading what no auth set (g.tenant_id, request.user) is 500 scope-failed with the door's fix."""
+    if door_of(service) not in FRAMEWORK_DOORS:
+        pytest.skip("the bare WSGI door has no per-view options")
+    fix = {
+        "flask": ("AttributeError (no attribute 'tenant_id')", "before Idempotency(app)"),
+        "django-wsgi": ("AttributeError (no attribute 'user')", "after the authentication middleware in MIDDLEWARE"),
+    }
+    fix["django-asgi"] = fix["django-wsgi"]
+    cause, where = fix[door_of(service)]
+    key = uuid.uuid4().hex
+    for _ in range(2):
+        answer = service.post("/orders/misconfigured", key)
+        assert answer.status_code == 500
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert f"scope function raised {cause}" in answer.json()["detail"]
+        assert where in answer.json()["detail"]
+    assert service.runs("misconfigured") == 0
+    assert [k for k in service.redis.scan_iter(f"{service.namespace}:*") if key.encode() in k] == []
+
+
 def test_a_flask_stream_reaches_the_client_as_it_is_made_and_is_never_rerun(service: Service) -> None:
     """Flask's streamed NDJSON arrives line by line while the view works; a duplicate after it ended gets 422."""
     if door_of(service) != "flask":

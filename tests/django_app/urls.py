@@ -1,4 +1,4 @@
-"""URLs: a health check, one sync and one async view, one with its own idempotency options."""
+"""URLs: a health check, a sync and an async view, two with their own idempotency options, a webhook ignored."""
 
 from __future__ import annotations
 
@@ -11,4 +11,6 @@ urlpatterns = [
     path("orders/sync", views.order_sync),
     path("orders/async", views.order_async),
     path("orders/own", views.order_own),
+    path("orders/misconfigured", views.order_misconfigured),
+    path("webhook", views.webhook),
 ]

@@ -16,7 +16,7 @@ import redis
 import redis.asyncio
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from goblin_claim.django import idempotent_view
+from goblin_claim.django import idempotency_key, idempotent_view
 
 PORT = int(os.environ["GOBLIN_TEST_REDIS_PORT"])
 COUNTERS = f"{os.environ['GOBLIN_TEST_NAMESPACE']}:runs"
@@ -62,3 +62,17 @@ def order_own(request: HttpRequest) -> JsonResponse:
     """A view with its own options (a key required, no scope): the middleware leaves it to its decorator."""
     run = _sync().incr(f"{COUNTERS}:own")
     return JsonResponse({"order": f"ord_{run}"}, status=201)
+
+
+@idempotent_view(scope=lambda request: request.user.pk)
+def order_misconfigured(request: HttpRequest) -> JsonResponse:
+    """A view whose scope reads request.user, which no AuthenticationMiddleware set: it must never run."""
+    run = _sync().incr(f"{COUNTERS}:misconfigured")
+    return JsonResponse({"order": f"ord_{run}"}, status=201)
+
+
+@idempotency_key("ignore")
+def webhook(request: HttpRequest) -> JsonResponse:
+    """A webhook its sender signs: the middleware never claims it, key or not."""
+    run = _sync().incr(f"{COUNTERS}:webhook")
+    return JsonResponse({"run": run}, status=201)

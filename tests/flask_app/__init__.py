@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from flask import Flask, Response, g, jsonify, request
 
-from goblin_claim.flask import Idempotency
+from goblin_claim.flask import Idempotency, idempotency_key
 from goblin_claim.wsgi import IdempotencyMiddleware
 
 PORT = int(os.environ["GOBLIN_TEST_REDIS_PORT"])
@@ -63,6 +63,16 @@ def create_app() -> Flask:
     def order_own() -> Any:
         return jsonify({"order": f"ord_{int(_counters.incr(f'{COUNTERS}:own'))}"}), 201
 
+    @app.post("/webhook")
+    @idempotency_key("ignore")
+    def webhook() -> Any:
+        return jsonify({"run": int(_counters.incr(f"{COUNTERS}:webhook"))}), 201
+
+    @app.post("/orders/misconfigured")
+    @idempotency.options(scope=lambda _request: g.tenant_id)  # no hook sets g.tenant_id
+    def order_misconfigured() -> Any:
+        return jsonify({"run": int(_counters.incr(f"{COUNTERS}:misconfigured"))}), 201
+
     @app.post("/uploads")
     def upload() -> Any:
         run = int(_counters.incr(f"{COUNTERS}:upload"))
@@ -84,7 +94,10 @@ def create_app() -> Flask:
 
 
 def bare(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-    """A bare WSGI app: ``POST /orders/sync`` counts, works, answers 201; ``GET /health`` is 200; else 404."""
+    """A bare WSGI app: ``POST /orders/sync`` counts, works, answers 201; ``POST /webhook`` counts; else 200 or 404."""
+    if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] == "/webhook":
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [json.dumps({"run": int(_counters.incr(f"{COUNTERS}:webhook"))}).encode()]
     if environ["REQUEST_METHOD"] != "POST" or environ["PATH_INFO"] != "/orders/sync":
         found = environ["PATH_INFO"] == "/health"
         start_response("200 OK" if found else "404 Not Found", [("Content-Type", "text/plain")])
@@ -99,4 +112,4 @@ def bare(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterabl
 def create_wsgi() -> Any:
     """The bare WSGI app behind the WSGI middleware (a gunicorn factory)."""
     client = redis.Redis(host="127.0.0.1", port=PORT, socket_timeout=5)
-    return IdempotencyMiddleware(bare, client=client, namespace=NAMESPACE, wait=WAIT)
+    return IdempotencyMiddleware(bare, client=client, namespace=NAMESPACE, wait=WAIT, routes={"/webhook": "ignore"})
