@@ -37,7 +37,6 @@ from goblin_claim import (
     Completed,
     ConnectionFailedError,
     InFlight,
-    InvalidArgumentError,
     InvalidArgumentTypeError,
     NotReplicatedError,
     ServerError,
@@ -213,28 +212,21 @@ def test_a_cluster_client_takes_every_path(clients: Clients) -> None:
     assert clients.run(kind(client, keys[0]).wait(timeout=2)) == Completed(key=keys[0], value=b"done")
 
 
-def test_replicas_wait_on_the_keys_primary_or_are_refused_before_io(clients: Clients) -> None:
-    """replicas=1 without replicas: NotReplicatedError from the key's own primary; the asyncio ValkeyCluster refuses."""
+def test_replicas_wait_on_the_keys_primary(clients: Clients) -> None:
+    """replicas=1 without replicas: NotReplicatedError from the key's own primary, alone and batched, every client."""
     raw = _raw(clients)
     try:
         client = clients.client()
         owner = clients.claim(client, unique(), replicas=1, replica_timeout_ms=100)
-        if clients.kind == "async" and clients.topology == "cluster":
-            with pytest.raises(InvalidArgumentError, match=r"replicas=.*ValkeyCluster"):
-                clients.run(owner.acquire())
-            assert raw.exists(owner.claim_key) == 0
-            return
         with pytest.raises(NotReplicatedError) as info:
             clients.run(owner.acquire())
         assert info.value.acknowledged == 0
         assert raw.get(owner.claim_key) == owner.token.encode()
         kind = Claim if clients.kind == "sync" else AsyncClaim
-        if clients.topology == "cluster":
-            with pytest.raises(InvalidArgumentError, match="standalone"):
-                kind.acquire_many(client, [unique()], replicas=1)
-        else:
-            batch = clients.run(kind.acquire_many(client, [unique()], replicas=1, replica_timeout_ms=100))
-            assert [type(outcome) for _, outcome in batch] == [NotReplicatedError]  # each key's outcome
+        keys = [unique() for _ in range(6)]  # on a cluster, keys of several nodes: a round and a WAIT each
+        batch = clients.run(kind.acquire_many(client, keys, replicas=1, replica_timeout_ms=100))
+        assert [type(outcome) for _, outcome in batch] == [NotReplicatedError] * len(keys)  # each key's outcome
+        assert all(raw.get(handle.claim_key) == handle.token.encode() for handle, _ in batch)
     finally:
         raw.close()
 
