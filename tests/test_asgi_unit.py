@@ -606,6 +606,33 @@ def test_a_marked_endpoint_is_found_through_the_apps_routes_before_routing() -> 
     run(scenario)
 
 
+def test_a_mark_the_lookup_could_not_see_is_reported_once_after_routing(caplog: pytest.LogCaptureFixture) -> None:
+    """A router hiding its routes: the door applies its own rule, then logs once that the routed endpoint said else."""
+
+    @goblin_claim.asgi.idempotency_key("ignore")
+    async def hidden(scope: Scope, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def router(scope: Scope, receive: Any, send: Any) -> None:
+        scope["endpoint"] = hidden  # as Starlette's router records the endpoint it chose
+        await hidden(scope, receive, send)
+
+    async def scenario(client: Any) -> None:
+        middleware = wrap(router, client)
+        opaque = Routed([FakeRoute("/webhook", None, routes=[])])  # a full match that names no endpoint
+        with caplog.at_level(logging.ERROR, logger="goblin_claim.asgi"):
+            for n in range(3):
+                reply = await call(middleware, {**http_scope(path="/webhook", key=f"k-{n}"), "app": opaque}, b"{}")
+                assert reply.status == 201
+        assert len(await client.keys(f"{NS}:*")) == 3  # claimed: the door could not know
+        (record,) = [r for r in caplog.records if "did not find its route" in r.getMessage()]
+        assert "marked idempotency_key('ignore')" in record.getMessage()
+        assert "routes={'<its path>': 'ignore'}" in record.getMessage()
+
+    run(scenario)
+
+
 # --------------------------------------------------------------------------- bodies and fingerprints
 
 
