@@ -261,7 +261,7 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"] not in self.methods:
             await self.app(scope, receive, send)
             return
-        marked, endpoint = _route_rule(scope)
+        marked, endpoint = _route_rule(scope, self.app)
         rule = _http.key_rule(self.options, scope, scope["path"], marked, "asgi")
         if isinstance(rule, Answer):
             await _send_answer(send, rule, self.options.problem_docs)
@@ -636,17 +636,18 @@ _FULL: Final = 2  # starlette.routing.Match.FULL's value (NONE is 0, PARTIAL 1)
 _DEPTH: Final = 8  # mounts inside mounts, at most
 
 
-def _route_rule(scope: Scope) -> tuple[KeyRule | None, object]:
+def _route_rule(scope: Scope, inner: object) -> tuple[KeyRule | None, object]:
     """The rule the request's route carries, if any, and the endpoint it was read from.
 
     Litestar routes before its middleware run: ``scope["route_handler"]`` is the
     handler, its ``opt`` (``idempotency_key="ignore"``) or its function's mark
     decide. Starlette and FastAPI route after an app-wide middleware, so the
     route is found here as their router will find it: the app's routes
-    (``scope["app"].routes``), each asked ``matches(scope)`` in order, mounts
-    and included routers followed, the first full match's endpoint read for its
-    ``idempotency_key()`` mark. Only once some endpoint was marked: without marks
-    nothing is looked up.
+    (``scope["app"].routes``, or the wrapped app's, ``inner``, when the
+    middleware wraps the app from outside), each asked ``matches(scope)`` in
+    order, mounts and included routers followed, the first full match's
+    endpoint read for its ``idempotency_key()`` mark. Only once some endpoint
+    was marked: without marks nothing is looked up.
     """
     handler = scope.get("route_handler")
     if handler is not None:
@@ -657,7 +658,7 @@ def _route_rule(scope: Scope) -> tuple[KeyRule | None, object]:
     if not _http.any_marked():
         return None, None
     endpoint = scope.get("endpoint")  # a route's own middleware (Route(..., middleware=[...])) runs after routing
-    routes = getattr(scope.get("app"), "routes", None)
+    routes = getattr(scope.get("app", inner), "routes", None)
     if isinstance(routes, Sequence):
         try:
             found, predicted = _match(routes, dict(scope), 0)

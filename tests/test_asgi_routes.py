@@ -327,6 +327,19 @@ def test_a_routes_function_gets_the_scope_and_none_leaves_it_to_required(framewo
     assert service.runs == Counter(internal=1)
 
 
+def test_a_mark_is_found_when_the_door_wraps_the_app_from_outside(service: Service) -> None:
+    """Wrapped from outside (IdempotencyMiddleware(starlette_app, ...)), the door reads the wrapped app's routes."""
+    inner = starlette_app(service)
+    inner.user_middleware.clear()  # this test wraps it from outside instead
+    app = IdempotencyMiddleware(inner, **service.door(required=True))
+    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        hook = http.post("/webhook", json=BODY)
+        refused = http.post("/orders", json=BODY)
+    assert hook.status_code == 201
+    problem(refused, 400)
+    assert service.runs == Counter(webhook=1)
+
+
 # --------------------------------------------------------------------------- a scope function that fails
 
 
