@@ -280,6 +280,9 @@ class _Spec:
         self.lease = check_seconds("lease", lease)
         self.ttl = check_seconds("ttl", ttl)
         self.wait = check_timeout("wait", wait)
+        # An integration's bound on the wait, from ``wait``, the holder's lease left and
+        # the lease: the job queues never wait past the lease left (goblin_claim._jobs).
+        self.wait_bound: Callable[[float, float | None, int], float] | None = None
         if namespace is None:  # an empty namespace is refused below, like Claim's, not replaced
             namespace = default_namespace(func)
             if namespace is None:
@@ -441,6 +444,12 @@ class _Spec:
             "use a new key for a new request",
             key=call.key,
         )
+
+    def wait_for(self, retry_after: float | None) -> float:
+        """Seconds an in-flight duplicate waits, given the holder's lease left: ``wait``, or the bound's."""
+        if self.wait_bound is None:
+            return self.wait
+        return self.wait_bound(self.wait, retry_after, self.lease)
 
     def in_flight(self, call: _Call, retry_after: float | None = None) -> StillInFlightError:
         """The error for ``wait=0`` on in-flight work, carrying the holder's lease left."""

@@ -69,9 +69,10 @@ def _flow(
                 op.note(outcome)
             if isinstance(outcome, InFlight):
                 spec.check_holder(claim._holder, call)
-                if spec.wait == 0:
+                timeout = spec.wait_for(outcome.retry_after)
+                if timeout == 0:
                     raise spec.in_flight(call, outcome.retry_after)
-                outcome = claim.wait(timeout=spec.wait)
+                outcome = claim.wait(timeout=timeout)
                 if op is not None:
                     op.note(outcome, waited=True)
         except NotReplicatedError:

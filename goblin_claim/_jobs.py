@@ -2,18 +2,28 @@
 
 A job queue delivers at least once: a duplicate message, a redelivery after a
 crash, a visibility timeout. Each integration (Celery, RQ, Dramatiq, arq) wraps
-the job's function in ``@idempotent`` through ``job_function`` and, when the
-work is in flight elsewhere, asks ``retry_delay`` when to try again::
+the job's function in ``@idempotent`` through ``job_function``; a copy that finds
+the work in flight elsewhere waits for it in its worker slot, woken by the first
+copy's completion, but never past the holder's lease left (``wait_bound``), and
+when the work is still running then, asks ``retry_delay`` when to try again::
 
     run the job ──Claimed──► run the function, store its result
         ├─Completed──► return the stored result (nothing runs)
-        └─InFlight───► StillInFlightError(retry_after) ─► the queue's own
-                       "retry later" (a countdown, a defer, a re-enqueue),
-                       never a failure, never a spent retry
+        └─InFlight───► wait, at most ``wait`` seconds and the holder's lease left
+              ├─completed──► return the stored result (nothing runs)
+              ├─lapsed─────► the holder died: take the work over, run it here
+              └─running────► StillInFlightError(retry_after) ─► the queue's own
+                             "retry later" (a countdown, a defer, a re-enqueue),
+                             never a failure, never a spent retry
 
-A worker never waits for another worker's job (``wait=0`` by default): a waiting
-copy would hold a pool slot and poll Redis, and a redelivery of a crashed owner's
-job must outlast the dead owner's lease, which only a later retry can do.
+``wait`` defaults to ``WAIT`` (10 s, ``@idempotent``'s own default). Most
+duplicates are of short work, and a waiting copy answers the moment the first
+finishes instead of a lease later. The cost is the worker slot (a process, a
+thread, an arq job) held meanwhile; the bounds keep it at ``wait`` seconds per
+delivery. Past the holder's lease left the wait ends either way: a crashed
+owner's claim has lapsed and is taken over, and a live owner has renewed it,
+which means long work that a later retry answers with the slot given back.
+``wait=0`` never waits.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from ._errors import InvalidArgumentError, InvalidArgumentTypeError, StillInFlig
 from ._idempotent import idempotent
 
 __all__ = [
+    "WAIT",
     "acall_with_first",
     "call_with_first",
     "current_first",
@@ -39,9 +50,12 @@ __all__ = [
     "plain_result",
     "retry_delay",
     "split_options",
+    "wait_bound",
 ]
 
-# Past the lapse by this much, so the retry finds the dead owner's claim gone.
+# Seconds a duplicate job may wait in its worker slot for the first copy, by default.
+WAIT = 10.0
+# Past the lapse by this much, so the retry (or the waiter) finds the dead owner's claim gone.
 _MARGIN = 0.05
 # When the lease left is unknown (the claim freed between two reads), retry soon.
 _UNKNOWN = 1.0
@@ -60,7 +74,29 @@ def retry_delay(exc: StillInFlightError, lease: int) -> float:
         exc: What the decorator raised for work in flight.
         lease: The job's lease, the bound for an unknown or odd lease left.
     """
-    left = exc.retry_after
+    return _past_the_lapse(exc.retry_after, lease)
+
+
+def wait_bound(wait: float, retry_after: float | None, lease: int) -> float:
+    """Seconds a duplicate job waits for in-flight work: at most ``wait``, and just past the holder's lease left.
+
+    Waiting is woken by the first copy's completion, so a short job's duplicate is
+    answered as it finishes. At the lease left the wait ends: a crashed holder's
+    claim has lapsed and this copy takes the work over; a live one has renewed it,
+    and this copy gives its slot back for the queue's retry (``retry_delay``).
+
+    Args:
+        wait: The job's ``wait`` option; 0 never waits.
+        retry_after: The holder's lease left, from the in-flight reply (``None`` when unknown).
+        lease: The job's lease, the bound for an unknown or odd lease left.
+    """
+    if wait == 0:
+        return 0.0
+    return min(wait, _past_the_lapse(retry_after, lease))
+
+
+def _past_the_lapse(left: float | None, lease: int) -> float:
+    """Seconds until just after a holder's lease lapses (soon, when its lease left is unknown)."""
     if left is None:
         return min(_UNKNOWN, float(lease))
     return max(_MARGIN, left + _MARGIN)
@@ -81,8 +117,6 @@ def plain_result(result: Any) -> Any:
 def split_options(options: Mapping[str, Any], where: str) -> tuple[Any, Any, dict[str, Any]]:
     """The client, the key and ``@idempotent``'s other options from an integration's options dict.
 
-    ``wait`` defaults to 0: a worker retries later instead of waiting (see the module docstring).
-
     Raises:
         InvalidArgumentTypeError: ``options`` is not a mapping.
         InvalidArgumentError: ``key`` is missing.
@@ -94,7 +128,6 @@ def split_options(options: Mapping[str, Any], where: str) -> tuple[Any, Any, dic
     if "key" not in rest:
         raise InvalidArgumentError(f"{where}: idempotency options need key= (a parameter name or a function)")
     key = rest.pop("key")
-    rest.setdefault("wait", 0)
     return client, key, rest
 
 
@@ -107,13 +140,13 @@ def job_function(
     namespace: str | None = None,
     skip_first: bool = False,
 ) -> Any:
-    """``func`` under ``@idempotent``, for a job queue.
+    """``func`` under ``@idempotent``, for a job queue: an in-flight duplicate waits by ``wait_bound``.
 
     Args:
         func: The job's function.
         client: A redis-py or valkey-py client, or a function of no arguments returning one.
         key: ``@idempotent``'s ``key``.
-        options: ``@idempotent``'s other options (``wait`` defaults to 0).
+        options: ``@idempotent``'s other options (``wait`` defaults to ``WAIT``).
         namespace: The namespace, when the queue names the job (Celery's task name).
         skip_first: The function's first parameter is the queue's context (arq's
             ``ctx``): it is left out of the key's arguments, the fingerprint and
@@ -124,11 +157,13 @@ def job_function(
         (``acall_with_first`` for an ``async def``).
     """
     options = dict(options)
-    options.setdefault("wait", 0)
+    options.setdefault("wait", WAIT)
     if namespace is not None:
         options.setdefault("namespace", namespace)
     target = _without_first(func) if skip_first else func
-    return idempotent(client, key=key, **options)(target)
+    decorated = idempotent(client, key=key, **options)(target)
+    decorated._goblin_spec.wait_bound = wait_bound
+    return decorated
 
 
 def call_with_first(decorated: Callable[..., Any], first: Any, *args: Any, **kwargs: Any) -> Any:

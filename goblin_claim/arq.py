@@ -13,13 +13,16 @@ Install with ``pip install goblin-claim[arq]``. Example::
 ``ctx`` (arq's per-job context: the pool, ``job_id``, ``job_try``) is passed through
 but never part of the key's arguments, the fingerprint or ``charge.forget(event_id,
 amount)``. The client is ``ctx["redis"]`` (the worker's pool) unless ``client=`` names
-one; options are ``@idempotent``'s (``wait`` defaults to 0).
+one; options are ``@idempotent``'s.
 
 In flight elsewhere (a duplicate job, or arq's re-run of a job whose worker died):
-the job raises ``arq.worker.Retry(defer=...)`` for when the holder's lease lapses
-(``retry_after``) and gives the try back, so it never counts against ``max_tries``.
-arq re-runs a dead worker's job once its in-progress key lapses (the job timeout
-plus 10 s).
+the job waits for the first copy (in one of the worker's ``max_jobs``), woken by its
+completion, at most ``wait`` seconds (default 10) and never past the holder's
+lease left, and returns the stored result (or, the holder's lease lapsed, takes
+the work over). Still running then, it raises ``arq.worker.Retry(defer=...)`` for
+when the holder's lease lapses (``retry_after``) and gives the try back, so it
+never counts against ``max_tries``; ``wait=0`` skips the wait. arq re-runs a dead
+worker's job once its in-progress key lapses (the job timeout plus 10 s).
 
 A model or dataclass result is handed to arq as its JSON form: configure arq's
 ``job_serializer``/``job_deserializer`` with JSON rather than its default pickle.
@@ -51,7 +54,8 @@ def idempotent_job(*, key: Any, client: Any = None, **options: Any) -> Callable[
         key: A parameter name or a function of the job's own arguments (not ``ctx``).
         client: An asyncio client (redis-py's or valkey-py's), or a function of no arguments returning one;
             default: the worker's pool, ``ctx["redis"]``.
-        **options: ``@idempotent``'s other options.
+        **options: ``@idempotent``'s other options; ``wait`` (default 10) bounds how long a
+            duplicate waits for the first copy, never past its lease left.
 
     Returns:
         A decorator; the decorated function keeps its name (arq runs it by name) and

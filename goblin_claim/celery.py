@@ -14,12 +14,16 @@ namespace is the task's name; ``self`` (``bind=True``) never counts in the key's
 arguments or the fingerprint.
 
 In flight elsewhere (a duplicate message, or the redelivery of a task whose
-worker was killed): the message is sent again, same task id and same retry count,
-to run once the holder's lease has lapsed (``retry_after``), and this copy ends
-without a state (Celery's ``Ignore``): no FAILURE, no RETRY, no spent
-``max_retries``. When it runs again it returns the stored result, or takes the
-work over from a crashed owner. A task that raises releases its claim, so
-``autoretry_for`` and ``self.retry()`` behave as without goblin-claim.
+worker was killed): the task waits in its pool slot for the first copy, woken by
+its completion, at most ``wait`` seconds (default 10) and never past the holder's
+lease left, and returns the stored result (or, the holder's lease lapsed, takes
+the work over). Still running then, the message is sent again, same task id and
+same retry count, to run once the holder's lease has lapsed (``retry_after``), and
+this copy ends without a state (Celery's ``Ignore``): no FAILURE, no RETRY, no
+spent ``max_retries``. When it runs again it returns the stored result, or takes
+the work over from a crashed owner. ``"wait": 0`` skips the wait, holding
+no slot. A task that raises releases its claim, so ``autoretry_for`` and
+``self.retry()`` behave as without goblin-claim.
 
 With ``"enqueue_once": True`` in ``idempotency``, ``apply_async``/``delay`` refuse to
 send a duplicate whose key is already queued, running or done (celery-once's
@@ -59,7 +63,8 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
 
     Attributes:
         idempotency: ``@idempotent``'s options plus ``client`` (set through
-            ``@app.task(idempotency={...})``); ``wait`` defaults to 0.
+            ``@app.task(idempotency={...})``); ``wait`` (default 10) bounds how long a
+            duplicate waits in its slot for the first copy, never past its lease left.
     """
 
     idempotency: ClassVar[dict[str, Any] | None] = None
@@ -77,7 +82,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         return job
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the task body once per key; in flight elsewhere, come back after the holder's lease."""
+        """Run the task body once per key; in flight elsewhere, wait for it, or come back after the holder's lease."""
         job = self._goblin_job()
         try:
             result = job(*args, **kwargs)

@@ -9,15 +9,18 @@ Install with ``pip install goblin-claim[dramatiq]``. Example::
     @dramatiq.actor(idempotency={"key": "event_id", "lease": 30, "ttl": 86400})
     def charge(event_id: str, amount: int) -> None: ...
 
-``idempotency`` takes ``@idempotent``'s options (``wait`` defaults to 0) and may
-name its own ``client``; the namespace is the actor's name. Actors without the
-option are left alone.
+``idempotency`` takes ``@idempotent``'s options and may name its own ``client``;
+the namespace is the actor's name. Actors without the option are left alone.
 
 In flight elsewhere (a duplicate message, or the requeue of a dead worker's
-message): the message is retried once the holder's lease has lapsed
-(``retry_after``), through Dramatiq's ``Retry`` with that delay, logged at INFO,
-and the retry does not count against ``max_retries``. Dramatiq requeues a
-killed worker's messages after the broker's ``heartbeat_timeout``.
+message): the message waits in its worker thread for the first copy, woken by its
+completion, at most ``wait`` seconds (default 10) and never past the holder's
+lease left, and returns the stored result (or, the holder's lease lapsed, takes
+the work over). Still running then, it is retried once the holder's lease has
+lapsed (``retry_after``), through Dramatiq's ``Retry`` with that delay, logged at
+INFO, and the retry does not count against ``max_retries``. ``"wait": 0`` skips
+the wait, holding no thread. Dramatiq requeues a killed worker's messages after
+the broker's ``heartbeat_timeout``.
 
 A model or dataclass result is handed to Dramatiq (its Results middleware) as its
 JSON form.

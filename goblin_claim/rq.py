@@ -9,14 +9,18 @@ Install with ``pip install goblin-claim[rq]``. Example::
 
     queue.enqueue(charge, "evt_1", 500, retry=Retry(max=3, interval=5))
 
-Options are ``@idempotent``'s (``wait`` defaults to 0). Run workers with
-``rq worker --with-scheduler``: a job whose key is in flight elsewhere is scheduled
-again for when the holder's lease lapses (``retry_after``), the same job id, and
-that retry is given back, so it never spends one of the job's own ``Retry``
-attempts and never ends FAILED. RQ re-runs a job whose work-horse was killed only
-through ``Retry``: enqueue with one for at-least-once delivery.
+Options are ``@idempotent``'s. A job whose key is in flight elsewhere waits in its
+work-horse for the first copy, woken by its completion, at most ``wait`` seconds
+(default 10) and never past the holder's lease left, and returns the stored result
+(or, the holder's lease lapsed, takes the work over). Still running then, it is
+scheduled again for when the holder's lease lapses (``retry_after``), the same job
+id, so run workers with ``rq worker --with-scheduler``; that retry is given back,
+so it never spends one of the job's own ``Retry`` attempts and never ends FAILED.
+``wait=0`` skips the wait, holding no worker. RQ re-runs a job whose
+work-horse was killed only through ``Retry``: enqueue with one for at-least-once
+delivery.
 
-Called outside a worker, an in-flight key raises ``StillInFlightError``.
+Called outside a worker, a key still in flight after that wait raises ``StillInFlightError``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ def idempotent_job(client: Any, *, key: Any, **options: Any) -> Callable[[Callab
     Args:
         client: A redis-py or valkey-py client, or a function of no arguments returning one.
         key: A parameter name or a function of the job's arguments returning the key.
-        **options: ``@idempotent``'s other options.
+        **options: ``@idempotent``'s other options; ``wait`` (default 10) bounds how long a
+            duplicate waits for the first copy, never past its lease left.
 
     Returns:
         A decorator; the decorated function keeps its import path (RQ enqueues it by

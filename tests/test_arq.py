@@ -124,15 +124,58 @@ def test_killed_worker_then_rerun_completes(
     assert result == {"event_id": event, "amount": 700, "charge_number": expected}
 
 
-def test_duplicate_during_a_long_job_holds_no_slot(app: Any, data: redis.Redis, worker: Callable[..., Worker]) -> None:
-    """A duplicate of a running job is deferred, not waited for: the worker's other slot runs other jobs meanwhile."""
+def test_a_duplicate_is_answered_when_the_first_completes(
+    app: Any, data: redis.Redis, worker: Callable[..., Worker], figures: Callable[[str], None]
+) -> None:
+    """A duplicate delivered mid-run (30 s lease) waits, gets the stored answer as the first completes, runs nothing."""
+    worker()
+    data.set("pause:before:quick", 1.0)
+
+    async def go() -> tuple[list[Any], list[Any], float]:
+        pool = await create_pool(
+            app.redis_settings(), job_serializer=app.WorkerSettings.job_serializer, job_deserializer=json.loads
+        )
+        try:
+            first = await pool.enqueue_job("charge30", "quick", 5)
+            await asyncio.to_thread(first_pid, data, "quick")
+            sent = time.monotonic()
+            duplicate = await pool.enqueue_job("charge30", "quick", 5)
+            assert first is not None
+            assert duplicate is not None
+            # The retry after the lease left would bring it back about 30 s later.
+            results = [await job.result(timeout=15, poll_delay=0.05) for job in (first, duplicate)]
+            answered_in = time.monotonic() - sent
+            return results, [await job.result_info() for job in (first, duplicate)], answered_in
+        finally:
+            await pool.aclose()
+
+    results, (first, duplicate), answered_in = asyncio.run(go())
+    assert results == [{"event_id": "quick", "amount": 5, "charge_number": 1}] * 2
+    assert charges(data, "quick") == 1
+    assert data.llen("pids:quick") == 1  # only the first copy ran the function
+    returned = float(data.lindex("returned:quick", 0))
+    assert duplicate.start_time.timestamp() < returned  # delivered while the first ran: it waited
+    assert duplicate.job_try == 1  # never deferred
+    gap = duplicate.finish_time.timestamp() - returned
+    own = first.finish_time.timestamp() - returned
+    figures(
+        f"arq: a duplicate delivered mid-run finished {gap * 1000:.0f} ms after the first copy's function returned "
+        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
+    )
+    assert answered_in < 10
+
+
+def test_duplicate_of_a_long_job_gives_its_slot_back(
+    app: Any, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """A duplicate of a job outliving the holder's lease left is deferred: the worker's other slot runs other jobs."""
     worker()
     data.set("pause:before:long", 6)
     seen: list[int] = []
 
     def other_job_meanwhile() -> None:
         first_pid(data, "long")
-        time.sleep(0.5)
+        time.sleep(0.5)  # the duplicate waits in the other slot, at most the 3 s lease left
         (other,) = _run_jobs(app, [("other", 2)], timeout=10)
         assert other["event_id"] == "other"
         seen.append(charges(data, "long"))  # 0: the long job still runs

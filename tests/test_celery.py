@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI
+from tests.jobs.common import marked
 from tests.jobs.workers import Worker, charges, first_pid, python, wait_until
 from tests.servers import RedisProcess
 
@@ -160,18 +161,46 @@ def test_kill_after_the_side_effect_then_redelivery_completes(
     assert "FAILURE" not in seen
 
 
-def test_duplicate_during_a_long_job_holds_no_slot(app: Any, worker: Callable[..., Worker]) -> None:
-    """With one pool process, a duplicate of a running job gives its slot back: other work runs, then it replays."""
+def test_a_duplicate_is_answered_when_the_first_completes(
+    app: Any, worker: Callable[..., Worker], figures: Callable[[str], None]
+) -> None:
+    """A duplicate delivered mid-run (30 s lease) waits, gets the stored answer as the first completes, runs nothing."""
+    worker(concurrency=2)
+    data = app.data()
+    data.set("pause:before:quick", 1.0)
+    first = app.charge30.delay("quick", 5)
+    first_pid(data, "quick")
+    sent = time.monotonic()
+    duplicate = app.charge30.delay("quick", 5)
+    answer = {"event_id": "quick", "amount": 5, "charge_number": 1}
+    # The retry after the lease left would bring it back about 30 s later.
+    assert duplicate.get(timeout=15) == first.get(timeout=15) == answer
+    answered_in = time.monotonic() - sent
+    assert charges(data, "quick") == 1
+    assert data.llen("pids:quick") == 1  # only the first copy ran the function
+    returned = float(data.lindex("returned:quick", 0))
+    assert marked(data, "started", duplicate.id) < returned  # delivered while the first ran: it waited
+    gap = marked(data, "finished", duplicate.id) - returned
+    own = marked(data, "finished", first.id) - returned
+    figures(
+        f"celery: a duplicate delivered mid-run finished {gap * 1000:.0f} ms after the first copy's function returned "
+        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
+    )
+    assert answered_in < 10
+
+
+def test_duplicate_of_a_long_job_gives_its_slot_back(app: Any, worker: Callable[..., Worker]) -> None:
+    """A duplicate of a job outliving the holder's lease left waits no longer: other work runs, then it replays."""
     worker(concurrency=2)
     data = app.data()
     data.set("pause:before:long", 6)
     first = app.charge.delay("long", 1)
     first_pid(data, "long")
     duplicate = app.charge.delay("long", 1)
-    time.sleep(0.5)  # the duplicate reaches the free process and finds the work in flight
+    time.sleep(0.5)  # the duplicate reaches the free process and waits there, at most the 3 s lease left
     other = app.charge.delay("other", 2)
-    assert other.get(timeout=10)["event_id"] == "other"  # the second process was free for it
-    assert not first.ready()  # the long job still runs: the duplicate did not wait in a slot
+    assert other.get(timeout=10)["event_id"] == "other"  # the second process was given back for it
+    assert not first.ready()  # the long job still runs: the duplicate did not wait for it in a slot
     assert first.get(timeout=30) == duplicate.get(timeout=30) == {"event_id": "long", "amount": 1, "charge_number": 1}
     assert charges(data, "long") == 1
 
@@ -209,10 +238,11 @@ def test_forget_reopens_the_key_and_self_is_not_an_argument(app: Any, worker: Ca
 
 
 def test_called_directly_in_flight_raises_with_retry_after(app: Any) -> None:
-    """Called as a plain function while another worker holds the key, the task raises StillInFlightError."""
+    """Called as a plain function while a live worker holds the key, the task waits its lease left, then raises."""
     data = app.data()
-    assert Claim(data, "evt-d", namespace="jobs.charge", lease=LEASE).acquire().kind == "claimed"
-    with pytest.raises(StillInFlightError) as caught:
+    holder = Claim(data, "evt-d", namespace="jobs.charge", lease=LEASE)
+    assert holder.acquire().kind == "claimed"
+    with holder.keep_alive(), pytest.raises(StillInFlightError) as caught:  # renewed: long work elsewhere
         app.charge("evt-d", 1)
     assert caught.value.retry_after is not None
     assert 0 < caught.value.retry_after <= LEASE

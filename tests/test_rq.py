@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import time
@@ -116,31 +117,72 @@ def test_killed_work_horse_then_retry_completes(
     assert result == {"event_id": event, "amount": 700, "charge_number": expected}
 
 
-def test_duplicate_during_a_long_job_holds_no_worker(
+def _at(moment: datetime.datetime | None) -> float:
+    """A job's RQ timestamp (UTC) as Unix time."""
+    assert moment is not None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)).timestamp()
+
+
+def test_a_duplicate_is_answered_when_the_first_completes(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker], figures: Callable[[str], None]
+) -> None:
+    """A duplicate delivered mid-run (30 s lease) waits, gets the stored answer as the first completes, runs nothing."""
+    from tests.jobs.rq_jobs import charge30
+
+    worker("w1")
+    worker("w2")
+    data.set("pause:before:quick", 1.0)
+    first = queue.enqueue(charge30, "quick", 5)
+    first_pid(data, "quick")
+    sent = time.monotonic()
+    duplicate = queue.enqueue(charge30, "quick", 5)
+    answer = {"event_id": "quick", "amount": 5, "charge_number": 1}
+    # The retry after the lease left would bring it back about 30 s later.
+    assert _finish(duplicate, timeout=15) == _finish(first, timeout=15) == answer
+    answered_in = time.monotonic() - sent
+    assert charges(data, "quick") == 1
+    assert data.llen("pids:quick") == 1  # only the first copy ran the function
+    returned = float(data.lindex("returned:quick", 0))
+    duplicate.refresh()
+    first.refresh()
+    assert _at(duplicate.started_at) < returned  # delivered while the first ran: it waited
+    gap = _at(duplicate.ended_at) - returned
+    own = _at(first.ended_at) - returned
+    figures(
+        f"rq: a duplicate delivered mid-run ended {gap * 1000:.0f} ms after the first copy's function returned "
+        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
+    )
+    assert answered_in < 10
+    assert duplicate.retries_left is None  # no retry was borrowed: it never left the worker
+
+
+def test_duplicate_of_a_long_job_gives_its_worker_back(
     queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
 ) -> None:
-    """A duplicate of a running job is scheduled again, not waited for: the second worker runs other jobs meanwhile."""
+    """A duplicate of a job outliving the holder's lease left is scheduled again: the second worker runs other jobs."""
     worker("w1")
     worker("w2")
     data.set("pause:before:long", 6)
     first = _enqueue(queue, "long", 1)
     first_pid(data, "long")
     duplicate = _enqueue(queue, "long", 1)
+    # It waits at most the 3 s lease left, then is scheduled for after the lease.
     wait_until(lambda: duplicate.get_status(refresh=True) == JobStatus.SCHEDULED, 10, "the duplicate to be scheduled")
     other = _enqueue(queue, "other", 2)
     assert _finish(other, timeout=10)["event_id"] == "other"
-    assert first.get_status(refresh=True) == JobStatus.STARTED  # still running: the duplicate held no worker
+    assert first.get_status(refresh=True) == JobStatus.STARTED  # still running: the duplicate gave its worker back
     assert _finish(first) == _finish(duplicate) == {"event_id": "long", "amount": 1, "charge_number": 1}
     assert charges(data, "long") == 1
     assert duplicate.retries_left is None  # the borrowed retry was given back
 
 
 def test_called_outside_a_worker_in_flight_raises(data: redis.Redis) -> None:
-    """Called as a plain function while a worker holds the key, the job raises StillInFlightError, runs nothing."""
+    """Called as a plain function while a live worker holds the key, the job waits its lease left, then raises."""
     from tests.jobs.rq_jobs import charge
 
-    assert Claim(data, "evt-d", namespace=NAMESPACE, lease=LEASE).acquire().kind == "claimed"
-    with pytest.raises(StillInFlightError) as caught:
+    holder = Claim(data, "evt-d", namespace=NAMESPACE, lease=LEASE)
+    assert holder.acquire().kind == "claimed"
+    with holder.keep_alive(), pytest.raises(StillInFlightError) as caught:  # renewed: long work elsewhere
         charge("evt-d", 1)
     assert caught.value.retry_after is not None
     assert charges(data, "evt-d") == 0

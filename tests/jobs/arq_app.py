@@ -21,6 +21,14 @@ async def charge(ctx: dict[str, Any], event_id: str, amount: int) -> Receipt:
     return await asyncio.to_thread(charge_card, event_id, amount)
 
 
+@idempotent_job(key="event_id", lease=30, ttl=600, namespace="jobs.arq.charge30")
+async def charge30(ctx: dict[str, Any], event_id: str, amount: int) -> Receipt:
+    """Charge once per event id under the README's 30 s lease: an in-flight retry would come a lease later."""
+    import asyncio
+
+    return await asyncio.to_thread(charge_card, event_id, amount)
+
+
 def redis_settings() -> RedisSettings:
     """The test's Redis, from its URL."""
     return RedisSettings.from_dsn(url())
@@ -29,7 +37,7 @@ def redis_settings() -> RedisSettings:
 class WorkerSettings:
     """``arq tests.jobs.arq_app.WorkerSettings``."""
 
-    functions = [charge]  # noqa: RUF012 -- arq reads these class attributes
+    functions = [charge, charge30]  # noqa: RUF012 -- arq reads these class attributes
     redis_settings = redis_settings()
     job_serializer = staticmethod(lambda value: json.dumps(value).encode())
     job_deserializer = staticmethod(json.loads)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 
 from goblin_claim.celery import IdempotentTask
-from tests.jobs.common import LEASE, Receipt, charge_card, data, url
+from tests.jobs.common import LEASE, Receipt, charge_card, data, mark, url
 
 app = Celery("gc_jobs", broker=url(), backend=url())
 app.conf.update(
@@ -36,6 +38,28 @@ app.conf.update(
 def charge(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
     """Charge once per event id."""
     return charge_card(event_id, amount)
+
+
+@app.task(
+    base=IdempotentTask,
+    bind=True,
+    name="jobs.charge30",
+    idempotency={"client": data, "key": "event_id", "lease": 30, "ttl": 600},
+)
+def charge30(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
+    """Charge once per event id under the README's 30 s lease: an in-flight retry would come a lease later."""
+    return charge_card(event_id, amount)
+
+
+@task_prerun.connect
+def _started(task_id: str, **_: Any) -> None:
+    mark("started", task_id)
+
+
+@task_postrun.connect
+def _finished(task_id: str, state: str | None = None, **_: Any) -> None:
+    if state == "SUCCESS":  # not a copy that was sent again for later (IGNORED)
+        mark("finished", task_id)
 
 
 @app.task(

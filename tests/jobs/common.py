@@ -2,7 +2,9 @@
 
 The test arranges, per event id, ``pause:before:<id>`` / ``pause:after:<id>`` (seconds,
 taken once with GETDEL so only the first run pauses) and reads back ``charges:<id>``
-(how many times the side effect ran) and ``pids:<id>`` (the processes that ran the job).
+(how many times the side effect ran), ``pids:<id>`` (the processes that ran the job) and
+``returned:<id>`` (when each run returned, Unix time). ``mark`` records when a queue's
+job copy started or finished, by its queue's id, for the latency figures.
 """
 
 from __future__ import annotations
@@ -47,4 +49,28 @@ def charge_card(event_id: str, amount: int) -> Receipt:
     _pause(client, f"pause:before:{event_id}")
     number = int(client.incr(f"charges:{event_id}"))
     _pause(client, f"pause:after:{event_id}")
+    client.rpush(f"returned:{event_id}", time.time())
     return Receipt(event_id=event_id, amount=amount, charge_number=number)
+
+
+_marks: list[redis.Redis] = []
+
+
+def mark(what: str, job_id: str) -> None:
+    """Record now as when the job copy ``job_id`` (its queue's id) ``what`` ("started", "finished")."""
+    at = time.time()  # before the write: the figure is the job's, not this round trip's
+    if not _marks:
+        _marks.append(data())  # one client per worker process
+    _marks[0].set(f"{what}:{job_id}", at, ex=600)
+
+
+def marked(client: redis.Redis, what: str, job_id: str) -> float:
+    """When ``mark`` recorded ``what`` for ``job_id`` (Unix time), waiting a moment for it.
+
+    A queue may hand the job's result out before its own after-job hook has run.
+    """
+    deadline = time.monotonic() + 10
+    while (value := client.get(f"{what}:{job_id}")) is None:
+        assert time.monotonic() < deadline, f"no {what} mark for {job_id}"
+        time.sleep(0.02)
+    return float(value)

@@ -10,3 +10,9 @@ from tests.jobs.common import LEASE, Receipt, charge_card, data
 def charge(event_id: str, amount: int) -> Receipt:
     """Charge once per event id."""
     return charge_card(event_id, amount)
+
+
+@idempotent_job(data, key="event_id", lease=30, ttl=600, namespace="jobs.rq.charge30")
+def charge30(event_id: str, amount: int) -> Receipt:
+    """Charge once per event id under the README's 30 s lease: an in-flight retry would come a lease later."""
+    return charge_card(event_id, amount)
