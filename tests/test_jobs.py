@@ -135,7 +135,7 @@ def test_wait_zero_answers_in_flight_at_once(redis_standalone: RedisProcess) -> 
         started = time.monotonic()
         with pytest.raises(StillInFlightError) as caught:
             charge("e4")
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 5  # at once: not the 10 s wait, nor the 30 s lease left
         assert caught.value.retry_after is not None
         assert 0 < caught.value.retry_after <= 30
         assert job.runs == 0
