@@ -830,13 +830,18 @@ async def _node_rounds(
         sent = [*(commands[i] for i in group), wait]
         got = await node_round_async(client, routes[group[0]], sent, sends, follow=alone)
         waited = got.pop()
-        if isinstance(waited, Exception):
-            raise waited  # cut short (UNBLOCKED by a demotion): the whole batch is in doubt
+        ran = []
         for i, reply in zip(group, got, strict=True):
             if not alone and is_redirect(reply):
                 pending.append(([i], True))  # its slot lives elsewhere now: alone, followed to its owner
-            else:
-                replies[i], acknowledged[i], resent[i] = reply, int(waited), sends.count > 1  # type: ignore[call-overload]
+            else:  # the first one's redirections node_round followed
+                ran.append((i, reply))
+        # A node demoted since the table was read redirects every claim and refuses the
+        # WAIT ("cannot be used with replica instances"): nothing of it ran, nothing to wait for.
+        if ran and isinstance(waited, Exception):
+            raise waited  # cut short (UNBLOCKED by a demotion): the round's claims are in doubt
+        for i, reply in ran:
+            replies[i], acknowledged[i], resent[i] = reply, int(waited), sends.count > 1  # type: ignore[call-overload]
     return replies, acknowledged, resent
 
 

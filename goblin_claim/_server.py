@@ -746,6 +746,8 @@ _RESHAPING = (
 # successor will): a failover, a demotion, a restart. A command refused with one
 # of these did not run, except UNBLOCKED, which cuts a WAIT short after its write
 # ran; every command the SDK sends is safe to send twice, so both are retried.
+# A WAIT sent to a primary demoted since (a replica now refuses it): a failover, as READONLY is.
+_DEMOTED_WAIT = "WAIT cannot be used with replica instances"
 _TRANSIENT_CODES = ("READONLY", "UNBLOCKED", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
@@ -769,7 +771,8 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, ERRORS) or isinstance(exc, CONNECTION_ERRORS):
         return False
-    return str(exc).lstrip("-").startswith(_TRANSIENT_CODES)
+    text = str(exc).lstrip("-")
+    return text.startswith(_TRANSIENT_CODES) or _DEMOTED_WAIT in text
 
 
 def is_reshaping(exc: object) -> bool:

@@ -233,6 +233,44 @@ def _split_fenced(cluster: servers.ReplicatedCluster, claim: Claim | AsyncClaim,
     return move
 
 
+def _fail_over(cluster: servers.ReplicatedCluster) -> None:
+    """A manual CLUSTER FAILOVER of the first primary's replica, waited for until the cluster is whole again."""
+    primary = cluster.primaries()[0]
+    replica = cluster.replicas_of(primary)[0]
+    with contextlib.closing(replica.client()) as client:
+        client.execute_command("CLUSTER FAILOVER")
+    deadline = time.monotonic() + 30
+    while not cluster.view()[replica.node_id].is_primary or cluster.problems():
+        assert time.monotonic() < deadline, "the failover did not settle"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_acquire_many_with_replicas_follows_a_failover(cluster: servers.ReplicatedCluster, flavour: str) -> None:
+    """After a failover the client has not seen, acquire_many(replicas=1) claims every key (the demoted node's too)."""
+    keys = [unique() for _ in range(40)]
+    if flavour == "sync":
+        with contextlib.closing(_sync_client(cluster)) as client:
+            Claim.acquire_many(client, [unique() for _ in range(10)], replicas=1, replica_timeout_ms=2000)
+            _fail_over(cluster)
+            got = Claim.acquire_many(client, keys, replicas=1, replica_timeout_ms=2000)
+    else:
+
+        async def scenario() -> list[tuple[AsyncClaim, object]]:
+            client = _async_client(cluster)
+            try:
+                await AsyncClaim.acquire_many(
+                    client, [unique() for _ in range(10)], replicas=1, replica_timeout_ms=2000
+                )
+                await asyncio.to_thread(_fail_over, cluster)
+                return await AsyncClaim.acquire_many(client, keys, replicas=1, replica_timeout_ms=2000)  # type: ignore[return-value]
+            finally:
+                await client.aclose()
+
+        got = asyncio.run(scenario())  # type: ignore[assignment]
+    assert [type(outcome) for _, outcome in got] == [Claimed] * len(keys)
+
+
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
 def test_fenced_claim_in_a_migrating_slot_waits_for_the_move(cluster: servers.ReplicatedCluster, flavour: str) -> None:
     """A fenced acquire() meeting TRYAGAIN (record moved, fence counter not) is sent again until the move ends."""
