@@ -301,6 +301,53 @@ def test_fenced_claim_in_a_migrating_slot_waits_for_the_move(cluster: servers.Re
     assert 0.9 < time.monotonic() - started < 10
 
 
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_fenced_complete_in_a_migrating_slot_is_stored_once_the_move_ends(
+    cluster: servers.ReplicatedCluster, flavour: str
+) -> None:
+    """complete() of a fenced claim whose record moved ahead of its counter (TRYAGAIN) is sent again and stored."""
+    key = unique()
+
+    async def complete_async(port_key: str) -> None:
+        client = _async_client(cluster)
+        try:
+            owner = AsyncClaim(client, port_key, fencing=True, lease=10)
+            assert isinstance(await owner.acquire(), Claimed)
+            move = await asyncio.to_thread(_split_own, owner)
+            finisher = threading.Timer(1.0, move.finish)
+            finisher.start()
+            try:
+                await owner.complete("done")
+            finally:
+                await asyncio.to_thread(finisher.join)
+        finally:
+            await client.aclose()
+
+    def _split_own(owner: Claim | AsyncClaim) -> _Move:
+        move = _Move(cluster, owner.claim_key)
+        move.begin()
+        move.migrate(owner.claim_key)  # the record went, its fence counter stays behind
+        return move
+
+    started = time.monotonic()
+    if flavour == "sync":
+        with contextlib.closing(_sync_client(cluster)) as client:
+            owner = Claim(client, key, fencing=True, lease=10)
+            assert isinstance(owner.acquire(), Claimed)
+            move = _split_own(owner)
+            finisher = threading.Timer(1.0, move.finish)
+            finisher.start()
+            try:
+                owner.complete("done")
+            finally:
+                finisher.join()
+    else:
+        asyncio.run(complete_async(key))
+    assert time.monotonic() - started > 0.9  # it did wait for the move
+    with contextlib.closing(_sync_client(cluster)) as client:
+        assert Claim(client, key).acquire() == Completed(key=key, value=b"done")
+
+
 def test_migration_that_outlasts_the_lease_is_server_unavailable(cluster: servers.ReplicatedCluster) -> None:
     """A fenced claim's TRYAGAIN that lasts past the lease raises ServerUnavailableError, retried no longer."""
     with contextlib.closing(_sync_client(cluster)) as client:
