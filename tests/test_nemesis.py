@@ -20,6 +20,7 @@ SERVERS = ("redis", "valkey")
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # hundreds of callers and a cluster's failovers: the machine to itself, as other tests time leases
 @pytest.mark.timeout(420)
 def test_random_faults_keep_every_id_once(redis_server_binary: str, figures: Callable[[str], None]) -> None:
     """30 s of seeded faults: no foreign exception, no unexplained double run, no stuck id, no late caller."""
