@@ -106,6 +106,28 @@ def _node(cluster: Any, key: str, asking: tuple[str, int] | None) -> Any:
     return cluster.get_node_from_key(key)
 
 
+def _asking(commands: Sequence[tuple[object, ...]], asking: tuple[str, int] | None) -> list[tuple[object, ...]]:
+    """The round to send: behind ``ASKING`` when it goes to the node an ``ASK`` named."""
+    return [("ASKING",), *commands] if asking is not None else list(commands)
+
+
+def _followed(
+    replies: Sequence[object], follow: bool, sends: Sends | None
+) -> tuple[bool, tuple[str, int] | None] | None:
+    """Where a round goes next: ``None`` when it is done, else (``MOVED``?, the node an ``ASK`` named).
+
+    Only the first command's redirection is followed (the round's own key; the
+    others' are the caller's), and none with ``follow=False``; the redirected send
+    ran nothing.
+    """
+    found = _redirect(replies[0]) if follow else None
+    if found is None:
+        return None
+    _unrun(sends)
+    kind, host, port = found
+    return (True, None) if kind == "MOVED" else (False, (host, port))
+
+
 def node_round(
     cluster: Any, key: str, commands: Sequence[tuple[object, ...]], sends: Sends | None = None, follow: bool = True
 ) -> list[object]:
@@ -120,7 +142,7 @@ def node_round(
     asking: tuple[str, int] | None = None
     for _ in range(_REDIRECTS):
         node = _node(cluster, key, asking)
-        sent = [("ASKING",), *commands] if asking is not None else list(commands)
+        sent = _asking(commands, asking)
         pool = make_node_client(cluster, node).connection_pool
         try:
             replies = send_direct_many(pool, sent, sends)[len(sent) - len(commands) :]
@@ -129,16 +151,12 @@ def node_round(
                 with contextlib.suppress(Exception):
                     cluster.nodes_manager.initialize()
             raise
-        found = _redirect(replies[0]) if follow else None  # the round's own key; others' are the caller's
+        found = _followed(replies, follow, sends)
         if found is None:
             return replies
-        kind, host, port = found
-        _unrun(sends)
-        if kind == "MOVED":
-            asking = None
+        asking = found[1]
+        if found[0]:
             _moved(cluster, replies[0])
-        else:
-            asking = (host, port)
     return replies
 
 
@@ -149,7 +167,7 @@ async def node_round_async(
     asking: tuple[str, int] | None = None
     for _ in range(_REDIRECTS):
         node = _node(cluster, key, asking)
-        sent = [("ASKING",), *commands] if asking is not None else list(commands)
+        sent = _asking(commands, asking)
         try:
             replies = (await _on_node(node, sent, sends))[len(sent) - len(commands) :]
         except CONNECTION_ERRORS:
@@ -157,16 +175,12 @@ async def node_round_async(
                 with contextlib.suppress(Exception):
                     await cluster.nodes_manager.initialize()
             raise
-        found = _redirect(replies[0]) if follow else None  # the round's own key; others' are the caller's
+        found = _followed(replies, follow, sends)
         if found is None:
             return replies
-        kind, host, port = found
-        _unrun(sends)
-        if kind == "MOVED":
-            asking = None
+        asking = found[1]
+        if found[0]:
             await _moved_async(cluster, replies[0])
-        else:
-            asking = (host, port)
     return replies
 
 
