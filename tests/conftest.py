@@ -50,7 +50,7 @@ from redis.retry import Retry
 
 from goblin_claim import AsyncClaim, Claim, idempotent
 from goblin_claim.testing import fake_async_redis, fake_redis
-from tests import servers
+from tests.support import servers
 
 IN_CI = bool(os.environ.get("CI"))
 # The real-server tiers run twice: on Debian's redis-server and on Valkey's valkey-server
@@ -63,9 +63,11 @@ NATIVE_BACKENDS = ("native", "native-cluster", "valkey-native", "valkey-native-c
 ALL_BACKENDS = BACKENDS + NATIVE_BACKENDS
 # A primary with two replicas behind three sentinels, reached through redis-py's Sentinel
 # clients (the failover recipe's retries). Added to the core, failure-path and decorator
-# suites only (SENTINEL_SUITES): their failover scenarios live in tests/test_sentinel.py.
+# suites only (SENTINEL_SUITES): their failover scenarios live in tests/deployment/test_sentinel.py.
 SENTINEL_BACKENDS = ("sentinel", "valkey-sentinel")
-SENTINEL_SUITES = frozenset({"tests.test_claim", "tests.test_failure_path", "tests.test_idempotent"})
+SENTINEL_SUITES = frozenset(
+    {"tests.claim.test_claim", "tests.faults.test_failure_path", "tests.decorator.test_idempotent"}
+)
 # Client families beside redis-py, each a tuple of backends that run its clients on the
 # session's servers (the Driver's ``raw`` client stays redis-py). They join the suites of
 # CLIENT_SUITES: the core and failure-path suites run with every family.
@@ -74,14 +76,14 @@ CLIENT_BACKENDS: dict[str, tuple[str, ...]] = {
     # redis-server, glide.GlideClusterClient and glide_sync.GlideClusterClient on the cluster.
     "glide": ("glide", "glide-cluster"),
     # valkey-py: valkey.Valkey and valkey.asyncio.Valkey on the standalone redis-server,
-    # both valkey.cluster.ValkeyCluster clients on the cluster (tests/valkey_py.py).
+    # both valkey.cluster.ValkeyCluster clients on the cluster (tests/support/valkey_py.py).
     "valkey-py": ("valkey-py", "valkey-py-cluster"),
 }
-CLIENT_SUITES = frozenset({"tests.test_claim", "tests.test_failure_path"})
+CLIENT_SUITES = frozenset({"tests.claim.test_claim", "tests.faults.test_failure_path"})
 # A family that runs in more suites than CLIENT_SUITES (the fault suite has its own
-# client axis: tests/test_faults.py's rig).
+# client axis: tests/faults/test_real_faults.py's rig).
 FAMILY_SUITES: dict[str, frozenset[str]] = {
-    "valkey-py": CLIENT_SUITES | {"tests.test_idempotent", "tests.test_wakeup"},
+    "valkey-py": CLIENT_SUITES | {"tests.decorator.test_idempotent", "tests.claim.test_wakeup"},
 }
 # GLIDE's request timeout in the suites: its default (250 ms) is tight for a loaded CI machine.
 GLIDE_TEST_TIMEOUT_MS = 2000
@@ -420,7 +422,7 @@ def glide_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
 def valkey_py_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
     """valkey-py's clients on a server (a cluster's first node), given redis-py's options translated."""
     try:
-        from tests import valkey_py
+        from tests.support import valkey_py
     except ImportError:
         if IN_CI:
             pytest.fail("valkey (valkey-py) is not installed")

@@ -1,1 +1,1 @@
-"""Worker applications the job-queue tests start as real worker processes."""
+"""The job-queue doors under real workers (Celery, RQ, Dramatiq, arq), their shared rule, and stream consumers."""

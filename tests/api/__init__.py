@@ -1,0 +1,1 @@
+"""The public surface and its one error tree for bad input."""

@@ -1,0 +1,1 @@
+"""The goblin-claim command: doctor, inspect, forget, scan, stats, in a shell."""

@@ -1,0 +1,123 @@
+"""``goblin-claim doctor`` names what a restricted ACL user lacks, per operation, on real servers.
+
+Each test runs on redis-server and again on valkey-server (the session's servers).
+
+The commands each operation needs are read from the scripts themselves; publishing
+and subscribing only wake waiters (they poll without), so lacking them is a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from goblin_claim._cli import acl_operation_findings, doctor, operation_needs, script_commands
+from tests.conftest import unique
+from tests.support import servers
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def standalone(request: pytest.FixtureRequest) -> servers.RedisProcess:
+    """The session's standalone server: redis-server, then valkey-server."""
+    server: servers.RedisProcess = request.getfixturevalue(f"{request.param}_standalone")
+    return server
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def with_module(request: pytest.FixtureRequest) -> servers.RedisProcess:
+    """The session's standalone server with the reference module: redis-server, then valkey-server."""
+    server: servers.RedisProcess = request.getfixturevalue(f"{request.param}_native")
+    return server
+
+
+@pytest.fixture
+def admin(standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
+    """The default (all-powerful) user on the session's standalone server."""
+    client = standalone.client()
+    yield client
+    client.close()
+
+
+def findings_for(server: servers.RedisProcess, admin: redis.Redis, *rules: str, namespace: str = "") -> list[Any]:
+    """Doctor's ACL findings for a fresh user with ``rules`` on ``~<namespace>:*``."""
+    namespace = namespace or unique("acl")
+    user = unique("user")
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{namespace}:*", "resetchannels", *rules)
+    client = redis.Redis(host=servers.HOST, port=server.port, username=user, password="pw")
+    try:
+        return [found for found in doctor(client, False, namespace, durable=False) if "ACL user" in found.what]
+    finally:
+        client.close()
+        admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_exact_command_list_without_pttl_and_time_names_them_for_claim_wait_and_batch(
+    standalone: servers.RedisProcess, admin: redis.Redis
+) -> None:
+    """Exact commands evalsha eval get set del expire strlen: claim, wait and batch lack pttl and time, by name."""
+    found = findings_for(standalone, admin, "+evalsha", "+eval", "+get", "+set", "+del", "+expire", "+strlen")
+    (problem,) = [f for f in found if f.level == "problem" and "on the scripts path" in f.what]
+    claim_needs = script_commands("claim")
+    missing = " ".join(sorted(claim_needs & {"pttl", "time"}))
+    for operation in ("claim", "wait and its wake-up", "batch (acquire_many)"):
+        assert f"{operation} lacks {missing}" in problem.what
+    for operation in ("complete", "extend (and keep-alive)", "release", "forget"):
+        assert f"{operation} lacks" not in problem.what
+    assert "+pttl" in problem.todo
+
+
+def test_categories_without_pubsub_make_publish_and_subscribe_notes_not_problems(
+    standalone: servers.RedisProcess, admin: redis.Redis
+) -> None:
+    """+@read +@write +@scripting (no pub/sub): PUBLISH and SUBSCRIBE are notes naming the operations they wake."""
+    found = findings_for(standalone, admin, "+@read", "+@write", "+@scripting")
+    notes = {f.what.split(" may not ")[1].split(" ")[0]: f for f in found if f.level == "note" and "may not" in f.what}
+    assert {"PUBLISH", "SUBSCRIBE"} <= notes.keys()
+    assert "poll instead" in notes["PUBLISH"].what
+    assert not any(
+        "PUBLISH" in f.what or "publish" in f.what.split(" lacks ")[-1] for f in found if f.level == "problem"
+    )
+
+
+def test_a_user_with_every_command_gets_one_ok(standalone: servers.RedisProcess, admin: redis.Redis) -> None:
+    """+@all with the namespace's channels: every operation has what it needs, one ok line."""
+    namespace = unique("acl")
+    found = findings_for(standalone, admin, "+@all", f"&{namespace}:*", namespace=namespace)
+    assert [f.level for f in found if "every command each operation needs" in f.what] == ["ok"]
+    assert not [f for f in found if f.level in ("problem", "note") and "on the" in f.what]
+
+
+def test_native_path_needs_the_module_commands(with_module: servers.RedisProcess) -> None:
+    """With the module: a user without goblin.cad is told release lacks it on the native path."""
+    admin = with_module.client()
+    try:
+        found = findings_for(with_module, admin, "+@all", "-goblin.cad")
+    finally:
+        admin.close()
+    (problem,) = [f for f in found if f.level == "problem" and "on the native path" in f.what]
+    assert "release lacks goblin.cad" in problem.what
+    assert "claim lacks" not in problem.what
+
+
+def test_operation_needs_follow_the_scripts() -> None:
+    """Each operation's script-path needs are EVALSHA, EVAL and what its scripts call; wake-ups kept apart."""
+    rows = {operation: (needs, wake) for operation, needs, wake in operation_needs(native=False)}
+    assert rows["extend (and keep-alive)"][0] == {"evalsha", "eval"} | script_commands("extend")
+    assert rows["complete"][1] == {"publish"}
+    assert rows["wait and its wake-up"][1] == {"subscribe"}
+    sharded = {operation: wake for operation, _needs, wake in operation_needs(native=False, sharded=True)}
+    assert sharded["release"] == {"spublish"}
+    native = {operation: needs for operation, needs, _wake in operation_needs(native=True)}
+    assert "goblin.cad" in native["release"]
+    assert "goblin.claim" in native["claim"]
+
+
+def test_acl_operation_findings_lists_only_what_is_lacking() -> None:
+    """Lacking only expire: one problem naming extend; nothing else, no notes."""
+    (found,) = acl_operation_findings({"expire": "NOPERM"}, "u", "ns:*", native=False)
+    assert found.level == "problem"
+    assert "extend (and keep-alive) lacks expire" in found.what
+    assert "claim lacks" not in found.what

@@ -1,0 +1,1 @@
+"""How servers are deployed: clusters that reshape, failovers, Sentinel, replication, persistence, ACL users."""

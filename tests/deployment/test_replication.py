@@ -1,0 +1,229 @@
+"""``replicas=`` checked on every path that reports success, on a real primary and replica.
+
+WAIT counts the replicas that reached the last write of its own connection; a
+reply that wrote nothing (a stored result read back, a re-sent complete, a claim
+this handle already held, on a fresh connection) would make it count nothing.
+The scripts rewrite what they read, unchanged, so the WAIT behind them means it.
+Each test freezes the replica (SIGSTOP) where a write must not be reported as
+replicated, and counts what the SDK says; on redis-server, then on valkey-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, NotReplicatedError
+from goblin_claim.testing import fake_redis
+from tests.conftest import _binary, _valkey_binary, record, unique
+from tests.support import servers
+
+FAST_SYNC = ("--repl-diskless-sync-delay", "0")
+# Short: every WAIT against the frozen replica runs out.
+TIMEOUT_MS = 300
+
+
+@pytest.fixture(scope="module", params=["redis", "valkey"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
+    """A primary and its replica for this module (the session's replica is never frozen), on each server."""
+    binary = _valkey_binary() if request.param == "valkey" else _binary()
+    with servers.primary_with_replica(binary, FAST_SYNC) as made:
+        with contextlib.closing(made[0].client()) as client:
+            client.set(unique("warm"), 1)
+            assert client.wait(1, 10000) == 1  # the replica acknowledges before the first test
+        yield made
+
+
+@pytest.fixture
+def frozen(pair: tuple[servers.RedisProcess, servers.RedisProcess]) -> Iterator[Any]:
+    """A function that freezes the replica; it is thawed (and caught up) after the test whatever happens."""
+    primary, replica = pair
+    stopped: list[bool] = []
+
+    def freeze() -> None:
+        replica.process.send_signal(signal.SIGSTOP)
+        stopped.append(True)
+
+    yield freeze
+    if stopped:
+        replica.process.send_signal(signal.SIGCONT)
+    with contextlib.closing(primary.client()) as client:
+        client.set(unique("sync"), 1)
+        assert client.wait(1, 10000) == 1  # caught up before the next test
+
+
+@pytest.fixture
+def client(pair: tuple[servers.RedisProcess, servers.RedisProcess]) -> Iterator[redis.Redis]:
+    """A sync client on the primary."""
+    made = pair[0].client()
+    yield made
+    made.close()
+
+
+def _thaw(pair: tuple[servers.RedisProcess, servers.RedisProcess]) -> None:
+    pair[1].process.send_signal(signal.SIGCONT)
+
+
+def test_completed_read_back_is_not_reported_replicated_while_the_replica_lags(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
+) -> None:
+    """A result stored on the primary alone, read back under replicas=1, raises NotReplicatedError, not Completed."""
+    key = unique()
+    owner = Claim(client, key, replicas=1, replica_timeout_ms=5000)
+    assert isinstance(owner.acquire(), Claimed)
+    frozen()
+    owner._replica_timeout_ms = TIMEOUT_MS  # from here every WAIT runs out
+    with pytest.raises(NotReplicatedError):
+        owner.complete(b"charged")  # on the primary only
+    client.connection_pool.disconnect()  # the retry comes on a fresh connection, as after a failover
+    duplicate = Claim(client, key, replicas=1, replica_timeout_ms=TIMEOUT_MS)
+    with pytest.raises(NotReplicatedError) as caught:
+        duplicate.acquire()
+    assert caught.value.acknowledged == 0
+    _thaw(pair)
+    assert Claim(client, key, replicas=1, replica_timeout_ms=10000).acquire() == Completed(key=key, value=b"charged")
+    with contextlib.closing(pair[1].client()) as replica:
+        assert replica.get(owner.claim_key) == record(owner.token, b"charged")
+
+
+def test_read_back_changes_neither_value_nor_expiry(client: redis.Redis) -> None:
+    """The rewrite behind a read-back keeps the record and its expiry as they were."""
+    key = unique()
+    owner = Claim(client, key, ttl=1000, replicas=1, replica_timeout_ms=5000)
+    owner.acquire()
+    owner.complete(b"charged")
+    before = (client.get(owner.claim_key), client.pexpiretime(owner.claim_key))
+    assert before[0] == record(owner.token, b"charged")
+    assert Claim(client, key, replicas=1, replica_timeout_ms=5000).acquire() == Completed(key=key, value=b"charged")
+    after = (client.get(owner.claim_key), client.pexpiretime(owner.claim_key))
+    assert after == before
+
+
+def test_a_result_beside_a_foreign_claim_key_is_read_back_keeping_its_expiry(client: redis.Redis) -> None:
+    """Two keys (from_keys): a raw result beside a non-string claim key is rewritten for the WAIT, expiry kept."""
+    key = unique()
+    claim_key, result_key = f"goblin:{{{key}}}:claim", f"goblin:{{{key}}}:result"
+    handle = Claim.from_keys(client, claim_key, result_key, replicas=1, replica_timeout_ms=5000)
+    client.rpush(handle.claim_key, b"not a claim")
+    client.set(handle.result_key, b"raw", ex=500)
+    expires = client.pexpiretime(handle.result_key)
+    assert handle.acquire() == Completed(key=claim_key, value=b"raw")
+    assert client.get(handle.result_key) == b"raw"
+    assert client.pexpiretime(handle.result_key) == expires
+
+
+def test_resent_complete_on_a_fresh_connection_waits_again(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
+) -> None:
+    """complete() sent again after NotReplicatedError, on a new connection, still reports the lagging replica."""
+    key = unique()
+    owner = Claim(client, key, replicas=1, replica_timeout_ms=5000)
+    assert isinstance(owner.acquire(), Claimed)
+    frozen()
+    owner._replica_timeout_ms = TIMEOUT_MS  # from here every WAIT runs out
+    with pytest.raises(NotReplicatedError):
+        owner.complete(b"charged")
+    client.connection_pool.disconnect()
+    with pytest.raises(NotReplicatedError):
+        owner.complete(b"charged")  # safe to send twice, and waits again
+    _thaw(pair)
+    owner._replica_timeout_ms = 10000
+    owner.complete(b"charged")  # the replica caught up: the third send succeeds
+
+
+def test_own_claim_acquired_again_on_a_fresh_connection_waits_again(
+    frozen: Any, client: redis.Redis
+) -> None:  # fmt: skip
+    """acquire() again by the handle that holds the claim, on a new connection, reports the lagging replica."""
+    owner = Claim(client, unique(), replicas=1, replica_timeout_ms=TIMEOUT_MS)
+    frozen()
+    with pytest.raises(NotReplicatedError):
+        owner.acquire()  # claimed on the primary only
+    client.connection_pool.disconnect()
+    with pytest.raises(NotReplicatedError):
+        owner.acquire()
+
+
+def test_batch_after_script_flush_waits_behind_the_eval_round(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
+) -> None:
+    """acquire_many(replicas=1) after SCRIPT FLUSH sends a WAIT behind its EVAL round: a frozen replica is reported."""
+    keys = [unique() for _ in range(5)]
+    Claim.acquire_many(client, [unique()], replicas=1, replica_timeout_ms=5000)  # scripts loaded
+    client.script_flush()
+    frozen()
+    outcomes = Claim.acquire_many(client, keys, replicas=1, replica_timeout_ms=TIMEOUT_MS)
+    assert [type(outcome) for _, outcome in outcomes] == [NotReplicatedError] * len(keys)
+    assert all(client.get(handle.claim_key) == handle.token.encode() for handle, _ in outcomes)  # claimed
+
+
+def test_batch_after_script_flush_replicates_every_claim(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], client: redis.Redis
+) -> None:
+    """With the replica live, the EVAL round's claims are Claimed and on the replica when acquire_many returns."""
+    keys = [unique() for _ in range(5)]
+    client.script_flush()
+    outcomes = Claim.acquire_many(client, keys, replicas=1, replica_timeout_ms=5000)
+    assert all(isinstance(outcome, Claimed) for _, outcome in outcomes)
+    with contextlib.closing(pair[1].client()) as replica:
+        assert [replica.get(handle.claim_key) for handle, _ in outcomes] == [h.token.encode() for h, _ in outcomes]
+
+
+def test_batch_read_back_of_completed_keys_waits(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
+) -> None:
+    """acquire_many(replicas=1) reading back completed keys while the replica is frozen reports NotReplicatedError."""
+    keys = [unique() for _ in range(3)]
+    for handle, _ in Claim.acquire_many(client, keys, replicas=1, replica_timeout_ms=5000):
+        handle.complete(b"done")
+    frozen()  # the replica has them, but nothing can show it now
+    client.connection_pool.disconnect()
+    outcomes = Claim.acquire_many(client, keys, replicas=1, replica_timeout_ms=TIMEOUT_MS)
+    assert [type(outcome) for _, outcome in outcomes] == [NotReplicatedError] * len(keys)
+
+
+def test_batch_with_replicas_sends_scripts_even_where_native() -> None:
+    """With replicas, a batch's claims go as EVALSHA even where GOBLIN.CLAIM is available, as acquire() sends them."""
+    handle = Claim(fake_redis(True), unique(), replicas=1)
+    command = handle._claim_command(frozenset({"GOBLIN.CLAIM", "GOBLIN.CAD"}))
+    assert command[0] == "EVALSHA"
+    assert command[-1] == "wait"
+    plain = Claim(fake_redis(True), unique())
+    assert plain._claim_command(frozenset({"GOBLIN.CLAIM", "GOBLIN.CAD"}))[0] == "GOBLIN.CLAIM"
+
+
+def test_async_read_back_and_batch_wait_too(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
+) -> None:
+    """AsyncClaim: a read-back and an EVAL batch round under replicas=1 report a frozen replica the same way."""
+    key = unique()
+    owner = Claim(client, key, replicas=1, replica_timeout_ms=5000)
+    owner.acquire()
+    frozen()
+    owner._replica_timeout_ms = TIMEOUT_MS
+    with pytest.raises(NotReplicatedError):
+        owner.complete(b"charged")
+    client.script_flush()
+
+    async def scenario() -> tuple[type[BaseException], list[type[Any]]]:
+        aclient = redis.asyncio.Redis(host=servers.HOST, port=pair[0].port)
+        try:
+            with pytest.raises(NotReplicatedError) as caught:
+                await AsyncClaim(aclient, key, replicas=1, replica_timeout_ms=TIMEOUT_MS).acquire()
+            batch = await AsyncClaim.acquire_many(
+                aclient, [unique(), unique()], replicas=1, replica_timeout_ms=TIMEOUT_MS
+            )
+            return caught.type, [type(outcome) for _, outcome in batch]
+        finally:
+            await aclient.aclose()
+
+    read_back, batch = asyncio.run(scenario())
+    assert read_back is NotReplicatedError
+    assert batch == [NotReplicatedError, NotReplicatedError]

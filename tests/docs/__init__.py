@@ -1,0 +1,1 @@
+"""The examples, run as users run them."""

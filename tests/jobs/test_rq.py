@@ -1,0 +1,188 @@
+"""RQ's idempotent_job under real rq workers (a work-horse per job) on a real Redis: runs counted, SIGKILL."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IN_CI
+from tests.support.queue_workers import Worker, charges, first_pid, python, wait_until
+from tests.support.servers import RedisProcess
+
+if not IN_CI:
+    pytest.importorskip("rq")
+
+import redis
+from rq import Queue, Retry
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from goblin_claim import Claim, Completed, StillInFlightError
+
+pytestmark = pytest.mark.timeout(90)
+
+LEASE = 3
+NAMESPACE = "jobs.rq.charge"
+
+
+@pytest.fixture
+def queue(data: redis.Redis) -> Queue:
+    """The default queue, JSON-serialized (the SDK never pickles; the test jobs do not either)."""
+    return Queue(connection=data, serializer=JSONSerializer)
+
+
+@pytest.fixture
+def worker(broker: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """Start rq workers (with the scheduler, for scheduled retries); each is stopped by PID afterwards."""
+    started: list[Worker] = []
+
+    def start(name: str = "w1") -> Worker:
+        made = Worker(
+            python(
+                "-m", "rq.cli", "worker", "--url", f"redis://127.0.0.1:{broker.port}/0", "--with-scheduler",
+                "--serializer", "rq.serializers.JSONSerializer", "--name", f"{name}-{broker.port}", "default",
+            ),
+            {"GC_JOBS_REDIS_URL": f"redis://127.0.0.1:{broker.port}/0", "GC_JOBS_LEASE": str(LEASE)},
+            tmp_path / f"{name}.log",
+        )  # fmt: skip
+        started.append(made)
+        made.wait_for_log("Listening on")
+        return made
+
+    yield start
+    for made in started:
+        made.stop()
+
+
+def _enqueue(queue: Queue, event_id: str, amount: int, retry: Retry | None = None) -> Job:
+    from tests.support.apps.jobs.rq_jobs import charge
+
+    return queue.enqueue(charge, event_id, amount, retry=retry)
+
+
+def _finish(job: Job, timeout: float = 40) -> Any:
+    """The job's return value once it finished; fails if it ever ended FAILED."""
+
+    def done() -> bool:
+        status = job.get_status(refresh=True)
+        assert status != JobStatus.FAILED, job.latest_result()
+        return status == JobStatus.FINISHED
+
+    wait_until(done, timeout, f"job {job.id} to finish")
+    return job.return_value(refresh=True)
+
+
+def test_five_duplicates_charge_once_with_equal_results(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """Five copies on two workers: one side effect, five FINISHED jobs with equal results, none FAILED."""
+    worker("w1")
+    worker("w2")
+    data.set("pause:before:evt1", 1.0)
+    jobs = [_enqueue(queue, "evt1", 500) for _ in range(5)]  # no Retry: an in-flight answer must not need one
+    results = [_finish(job) for job in jobs]
+    assert charges(data, "evt1") == 1
+    assert results == [{"event_id": "evt1", "amount": 500, "charge_number": 1}] * 5
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_killed_work_horse_then_retry_completes(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker], figures: Callable[[str], None], where: str
+) -> None:
+    """A work-horse SIGKILLed before/after the charge: its Retry re-runs it past the lease; stored, not FAILED."""
+    worker()
+    event = f"evt-{where}"
+    data.set(f"pause:{where}:{event}", 30)
+    # Retry(max=1): the kill spends it; the in-flight answers after it borrow their own.
+    job = _enqueue(queue, event, 700, retry=Retry(max=1, interval=0))
+    pid = first_pid(data, event)
+    if where == "after":
+        wait_until(lambda: charges(data, event) == 1, 20, "the side effect")
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    result = _finish(job)
+    figures(
+        f"rq: SIGKILL of the work-horse {where} the side effect -> FINISHED {time.monotonic() - killed_at:.1f}s later"
+    )
+    assert isinstance(Claim(data, event, namespace=NAMESPACE).acquire(), Completed)
+    expected = 1 if where == "before" else 2  # after it: ran again (the README's downstream-key recipe)
+    assert charges(data, event) == expected
+    assert result == {"event_id": event, "amount": 700, "charge_number": expected}
+
+
+def _at(moment: datetime.datetime | None) -> float:
+    """A job's RQ timestamp (UTC) as Unix time."""
+    assert moment is not None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)).timestamp()
+
+
+def test_a_duplicate_is_answered_when_the_first_completes(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker], figures: Callable[[str], None]
+) -> None:
+    """A duplicate delivered mid-run (30 s lease) waits, gets the stored answer as the first completes, runs nothing."""
+    from tests.support.apps.jobs.rq_jobs import charge30
+
+    worker("w1")
+    worker("w2")
+    data.set("pause:before:quick", 1.0)
+    first = queue.enqueue(charge30, "quick", 5)
+    first_pid(data, "quick")
+    sent = time.monotonic()
+    duplicate = queue.enqueue(charge30, "quick", 5)
+    answer = {"event_id": "quick", "amount": 5, "charge_number": 1}
+    # The retry after the lease left would bring it back about 30 s later.
+    assert _finish(duplicate, timeout=15) == _finish(first, timeout=15) == answer
+    answered_in = time.monotonic() - sent
+    assert charges(data, "quick") == 1
+    assert data.llen("pids:quick") == 1  # only the first copy ran the function
+    returned = float(data.lindex("returned:quick", 0))
+    duplicate.refresh()
+    first.refresh()
+    assert _at(duplicate.started_at) < returned  # delivered while the first ran: it waited
+    gap = _at(duplicate.ended_at) - returned
+    own = _at(first.ended_at) - returned
+    figures(
+        f"rq: a duplicate delivered mid-run ended {gap * 1000:.0f} ms after the first copy's function returned "
+        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
+    )
+    assert answered_in < 10
+    assert duplicate.retries_left is None  # no retry was borrowed: it never left the worker
+
+
+def test_duplicate_of_a_long_job_gives_its_worker_back(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """A duplicate of a job outliving the holder's lease left is scheduled again: the second worker runs other jobs."""
+    worker("w1")
+    worker("w2")
+    data.set("pause:before:long", 6)
+    first = _enqueue(queue, "long", 1)
+    first_pid(data, "long")
+    duplicate = _enqueue(queue, "long", 1)
+    # It waits at most the 3 s lease left, then is scheduled for after the lease.
+    wait_until(lambda: duplicate.get_status(refresh=True) == JobStatus.SCHEDULED, 10, "the duplicate to be scheduled")
+    other = _enqueue(queue, "other", 2)
+    assert _finish(other, timeout=10)["event_id"] == "other"
+    assert first.get_status(refresh=True) == JobStatus.STARTED  # still running: the duplicate gave its worker back
+    assert _finish(first) == _finish(duplicate) == {"event_id": "long", "amount": 1, "charge_number": 1}
+    assert charges(data, "long") == 1
+    assert duplicate.retries_left is None  # the borrowed retry was given back
+
+
+def test_called_outside_a_worker_in_flight_raises(data: redis.Redis) -> None:
+    """Called as a plain function while a live worker holds the key, the job waits its lease left, then raises."""
+    from tests.support.apps.jobs.rq_jobs import charge
+
+    holder = Claim(data, "evt-d", namespace=NAMESPACE, lease=LEASE)
+    assert holder.acquire().kind == "claimed"
+    with holder.keep_alive(), pytest.raises(StillInFlightError) as caught:  # renewed: long work elsewhere
+        charge("evt-d", 1)
+    assert caught.value.retry_after is not None
+    assert charges(data, "evt-d") == 0

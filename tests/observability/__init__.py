@@ -1,0 +1,1 @@
+"""Events, logs and OpenTelemetry."""

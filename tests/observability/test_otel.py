@@ -1,0 +1,311 @@
+"""OpenTelemetry: spans, metrics and context, read back through the SDK's in-memory exporters on real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+import goblin_claim.otel
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, _events, idempotent
+from tests.conftest import unique
+from tests.support.servers import HOST, RedisProcess
+
+
+@dataclass
+class Telemetry:
+    """The in-memory exporters an instrumented test reads back."""
+
+    spans: InMemorySpanExporter
+    metrics: InMemoryMetricReader
+    tracer_provider: TracerProvider
+
+    def finished(self, name: str | None = None) -> list[ReadableSpan]:
+        """Finished spans (named ``name``), in end order."""
+        return [s for s in self.spans.get_finished_spans() if name is None or s.name == name]
+
+    def points(self, metric: str) -> list[Any]:
+        """The data points of ``metric`` collected now."""
+        data = self.metrics.get_metrics_data()
+        found = []
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for item in scope.metrics:
+                    if item.name == metric:
+                        found += list(item.data.data_points)
+        return found
+
+
+def _start(record_keys: bool = False) -> tuple[Telemetry, MeterProvider]:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    goblin_claim.otel.instrument(tracer_provider, meter_provider, record_keys=record_keys)
+    return Telemetry(exporter, reader, tracer_provider), meter_provider
+
+
+@pytest.fixture
+def otel() -> Iterator[Telemetry]:
+    """goblin-claim instrumented into fresh SDK providers for one test."""
+    telemetry, meter_provider = _start()
+    yield telemetry
+    goblin_claim.otel.uninstrument()
+    telemetry.tracer_provider.shutdown()
+    meter_provider.shutdown()
+
+
+@pytest.fixture
+def client(redis_standalone: RedisProcess) -> Iterator[redis.Redis]:
+    """A sync client on the session's standalone server."""
+    made = redis_standalone.client()
+    yield made
+    made.close()
+
+
+def test_operations_make_internal_spans_with_constant_names_and_no_keys(client: redis.Redis, otel: Telemetry) -> None:
+    """Each operation is one INTERNAL span named goblin_claim.<operation>, without db.*, key or token attributes."""
+    key = f"user-data-{unique()}"
+    claim = Claim(client, key, token="tok-secret")
+    claim.acquire()
+    claim.complete(b"v")
+    Claim(client, key).acquire()
+    spans = otel.finished()
+    assert [s.name for s in spans] == ["goblin_claim.acquire", "goblin_claim.complete", "goblin_claim.acquire"]
+    assert [s.attributes["goblin_claim.outcome"] for s in spans] == ["claimed", "completed", "completed"]
+    for span in spans:
+        assert span.kind is SpanKind.INTERNAL
+        attributes = dict(span.attributes or {})
+        assert not any(name.startswith("db.") for name in attributes)
+        assert key not in repr(attributes)
+        assert "tok-secret" not in repr(attributes)
+        assert attributes["goblin_claim.namespace"] == "goblin"
+        assert attributes["goblin_claim.path"] == "script"
+
+
+def test_record_keys_adds_the_key_to_spans_only(client: redis.Redis) -> None:
+    """instrument(record_keys=True) puts goblin_claim.key on spans, never on metric points."""
+    telemetry, meter_provider = _start(record_keys=True)
+    try:
+        key = unique()
+        Claim(client, key).acquire()
+        (span,) = telemetry.finished()
+        assert span.attributes is not None
+        assert span.attributes["goblin_claim.key"] == key
+        for point in telemetry.points("goblin_claim.operation.duration"):
+            assert "goblin_claim.key" not in point.attributes
+    finally:
+        goblin_claim.otel.uninstrument()
+        telemetry.tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
+def test_duration_histogram_by_operation_outcome_path_namespace_error(client: redis.Redis, otel: Telemetry) -> None:
+    """The duration histogram counts each operation under its attributes, error.type included on failures."""
+    key = unique()
+    claim = Claim(client, key)
+    claim.acquire()
+    claim.complete(b"v")
+    for _ in range(3):
+        Claim(client, key).acquire()
+    claim.release()
+    with pytest.raises(goblin_claim.ClaimLostError):
+        claim.extend()
+    counts = {
+        tuple(sorted(p.attributes.items())): p.count for p in otel.points("goblin_claim.operation.duration")
+    }  # fmt: skip
+    base = (("goblin_claim.namespace", "goblin"), ("goblin_claim.path", "script"))
+
+    def attrs(operation: str, outcome: str, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((*base, ("goblin_claim.operation", operation), ("goblin_claim.outcome", outcome), *extra)))
+
+    assert counts[attrs("acquire", "completed")] == 3
+    assert counts[attrs("acquire", "claimed")] == 1
+    assert counts[attrs("release", "not_held")] == 1
+    assert counts[attrs("extend", "claim_lost", ("error.type", "goblin_claim._errors.ClaimLostError"))] == 1
+    (failed,) = otel.finished("goblin_claim.extend")
+    assert failed.status.status_code is trace.StatusCode.ERROR
+    assert key not in (failed.status.description or "")  # the type only, never the message
+
+
+def test_decorated_call_span_parents_its_operations_and_renewals(client: redis.Redis, otel: Telemetry) -> None:
+    """A decorated call is one goblin_claim.call span; its renewals on the renewer thread are its children."""
+    runs = []
+
+    @idempotent(client, key="item", namespace=unique("ns"), lease=1)
+    def slow(item: str) -> str:
+        runs.append(item)
+        time.sleep(1.2)  # a third of a one-second lease: at least two renewals
+        return item
+
+    assert slow("a") == "a"
+    assert slow("a") == "a"
+    assert runs == ["a"]
+    calls = otel.finished("goblin_claim.call")
+    assert [c.attributes["goblin_claim.outcome"] for c in calls] == ["claimed", "completed"]  # type: ignore[index]
+    renewals = otel.finished("goblin_claim.renew")
+    assert len(renewals) >= 2
+    first = calls[0]
+    for renewal in renewals:
+        assert renewal.parent is not None
+        assert renewal.parent.span_id == first.context.span_id
+        assert renewal.context.trace_id == first.context.trace_id
+        assert renewal.kind is SpanKind.INTERNAL
+    renewed = {p.attributes["goblin_claim.outcome"]: p.value for p in otel.points("goblin_claim.renewals")}
+    assert renewed["claimed"] == len(renewals)
+
+
+def test_renewals_of_two_calls_join_their_own_calls(client: redis.Redis, otel: Telemetry) -> None:
+    """Two concurrent decorated calls: each renewal span has its own call's span as parent, never the other's."""
+
+    @idempotent(client, key="item", namespace=unique("ns"), lease=1)
+    def slow(item: str) -> str:
+        time.sleep(0.9)
+        return item
+
+    threads = [threading.Thread(target=slow, args=(item,)) for item in ("p", "q")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    calls = {c.context.span_id: c for c in otel.finished("goblin_claim.call")}
+    renewals = otel.finished("goblin_claim.renew")
+    assert len(calls) == 2
+    assert renewals
+    by_parent: dict[int, int] = {}
+    for renewal in renewals:
+        assert renewal.parent is not None
+        assert renewal.parent.span_id in calls
+        by_parent[renewal.parent.span_id] = by_parent.get(renewal.parent.span_id, 0) + 1
+    assert len(by_parent) == 2  # each call got its own renewals
+
+
+def test_span_events_for_takeover_wakeup_reload_and_lost_lease(client: redis.Redis, otel: Telemetry) -> None:
+    """Span events mark a takeover, a push wake-up, a script reload and a lost lease."""
+    lapsed, woken = unique(), unique()
+    Claim(client, lapsed, lease=1).acquire()
+    assert isinstance(Claim(client, lapsed).wait(timeout=10), Claimed)
+
+    owner = Claim(client, woken)
+    owner.acquire()
+    threading.Timer(0.4, owner.complete, args=(b"v",)).start()
+    assert isinstance(Claim(client, woken).wait(timeout=10), Completed)
+
+    client.script_flush()
+    Claim(client, unique()).acquire()
+
+    claim = Claim(client, unique(), lease=3)
+    claim.acquire()
+    with claim.keep_alive(interval=0.1) as keeper:
+        client.set(claim.claim_key, "someone-else")
+        deadline = time.monotonic() + 10
+        while not keeper.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+    names = [event.name for span in otel.finished() for event in span.events]
+    assert "taken over" in names
+    assert "woken" in names
+    assert "script reloaded" in names
+    assert "lease lost" in names
+    woken_events = [e for s in otel.finished("goblin_claim.wait") for e in s.events if e.name == "woken"]
+    assert any(e.attributes["goblin_claim.wake"] == "push" for e in woken_events)  # type: ignore[index]
+    reloads = otel.points("goblin_claim.script_reloads")
+    assert sum(p.value for p in reloads) == 1
+
+
+def test_gauges_count_live_keep_alives_and_waiters(client: redis.Redis, otel: Telemetry) -> None:
+    """The observable gauges read the keep-alives renewing and the callers waiting, and fall back to zero."""
+    held, waited = Claim(client, unique(), lease=30), unique()
+    held.acquire()
+    owner = Claim(client, waited)
+    owner.acquire()
+    waiter = threading.Thread(target=lambda: Claim(client, waited).wait(timeout=10))
+    with held.keep_alive():
+        waiter.start()
+        time.sleep(0.3)
+        keepers = [p.value for p in otel.points("goblin_claim.keep_alives")]
+        waiters = [p.value for p in otel.points("goblin_claim.waiters")]
+        owner.complete(b"v")
+        waiter.join(10)
+    assert keepers == [1]
+    assert waiters == [1]
+    assert [p.value for p in otel.points("goblin_claim.keep_alives")] == [0]
+    assert [p.value for p in otel.points("goblin_claim.waiters")] == [0]
+
+
+def test_redis_instrumentation_sees_every_command_under_our_span(
+    redis_standalone: RedisProcess, otel: Telemetry
+) -> None:
+    """With redis-py instrumented by opentelemetry-instrumentation-redis, each SDK command is a child span."""
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    instrumentor = RedisInstrumentor()
+    instrumentor.instrument(tracer_provider=otel.tracer_provider)
+    try:
+        client = redis.Redis(host=HOST, port=redis_standalone.port)  # made after: it takes execute_command
+        Claim(client, unique()).acquire()  # the probe and SCRIPT LOADs are one pipeline
+        otel.spans.clear()
+        claim = Claim(client, unique())
+        claim.acquire()
+        claim.complete(b"v")
+        client.close()
+    finally:
+        instrumentor.uninstrument()
+    ours = {s.context.span_id: s.name for s in otel.finished() if s.name.startswith("goblin_claim.")}
+    commands = [s for s in otel.finished() if not s.name.startswith("goblin_claim.")]
+    assert sorted(ours.values()) == ["goblin_claim.acquire", "goblin_claim.complete"]
+    assert len(commands) == 2  # one EVALSHA each
+    assert sorted(ours[c.parent.span_id] for c in commands if c.parent) == sorted(ours.values())
+
+
+def test_async_operations_and_renewals_keep_their_context(redis_standalone: RedisProcess, otel: Telemetry) -> None:
+    """An async decorated call is one span; its renewal batches run as tasks and report under it."""
+    runs = []
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(host=HOST, port=redis_standalone.port)
+        try:
+
+            @idempotent(client, key="item", namespace=unique("ns"), lease=1)
+            async def slow(item: str) -> str:
+                runs.append(item)
+                await asyncio.sleep(1.0)
+                return item
+
+            other = AsyncClaim(client, unique())
+            await asyncio.gather(slow("z"), other.acquire())
+            assert await slow("z") == "z"
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+    assert runs == ["z"]
+    calls = otel.finished("goblin_claim.call")
+    assert [c.attributes["goblin_claim.outcome"] for c in calls] == ["claimed", "completed"]  # type: ignore[index]
+    renewals = otel.finished("goblin_claim.renew")
+    assert renewals
+    assert all(r.parent is not None and r.parent.span_id == calls[0].context.span_id for r in renewals)
+    (acquire,) = otel.finished("goblin_claim.acquire")
+    assert acquire.parent is None  # the concurrent task's span is no child of the call
+
+
+def test_uninstrument_turns_everything_off(client: redis.Redis, otel: Telemetry) -> None:
+    """After uninstrument() no span is made and the flag is off again."""
+    goblin_claim.otel.uninstrument()
+    Claim(client, unique()).acquire()
+    assert otel.finished() == []
+    assert _events.enabled is False

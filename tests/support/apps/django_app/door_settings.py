@@ -1,0 +1,23 @@
+"""Settings with the Django door installed: a header-reading auth middleware, then IdempotencyMiddleware.
+
+``GOBLIN_TEST_REDIS_PORT`` names the server, ``GOBLIN_TEST_NAMESPACE`` the keys'
+prefix, ``GOBLIN_TEST_WAIT`` how long a duplicate waits for a first request.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tests.support.apps.django_app.settings import *  # noqa: F403 -- the same project, with the door added
+
+INSTALLED_APPS = ["goblin_claim.django.GoblinClaimConfig"]
+MIDDLEWARE = ["tests.support.apps.django_app.auth.HeaderUserMiddleware", "goblin_claim.django.IdempotencyMiddleware"]
+GOBLIN_CLAIM_IDEMPOTENCY = {
+    "client": f"redis://127.0.0.1:{os.environ['GOBLIN_TEST_REDIS_PORT']}/0",
+    "namespace": os.environ["GOBLIN_TEST_NAMESPACE"],
+    "wait": float(os.environ.get("GOBLIN_TEST_WAIT", "0")),
+    "scope": lambda request: request.user_id,
+    "lease": 30,
+}
+# The tests' auth is a header read by a custom middleware, not Django's AuthenticationMiddleware.
+SILENCED_SYSTEM_CHECKS = ["goblin_claim.W001"]

@@ -1,0 +1,1 @@
+"""Worker applications the job-queue tests start as real worker processes."""

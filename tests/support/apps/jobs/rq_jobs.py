@@ -1,0 +1,18 @@
+"""The RQ job of tests/jobs/test_rq.py (enqueued by its import path)."""
+
+from __future__ import annotations
+
+from goblin_claim.rq import idempotent_job
+from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, data
+
+
+@idempotent_job(data, key="event_id", lease=LEASE, ttl=600, namespace="jobs.rq.charge")
+def charge(event_id: str, amount: int) -> Receipt:
+    """Charge once per event id."""
+    return charge_card(event_id, amount)
+
+
+@idempotent_job(data, key="event_id", lease=30, ttl=600, namespace="jobs.rq.charge30")
+def charge30(event_id: str, amount: int) -> Receipt:
+    """Charge once per event id under the README's 30 s lease: an in-flight retry would come a lease later."""
+    return charge_card(event_id, amount)

@@ -1,0 +1,90 @@
+"""Start and stop real worker processes for the job-queue tests, by PID, bounded in time."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Worker:
+    """A worker command running in its own process group, its output in a log file."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.process = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its pool children share the group, stopped with it
+        )
+
+    def text(self) -> str:
+        """What the worker logged so far."""
+        return self.log.read_text(errors="replace")
+
+    def wait_for_log(self, needle: str, timeout: float = 30.0) -> None:
+        """Wait until the log shows ``needle``; fail with the log otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.text():
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"worker never logged {needle!r}:\n{self.text()[-4000:]}")
+
+    def stop(self) -> None:
+        """Stop the worker's process group (SIGTERM, then SIGKILL) by the worker's PID."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # any pool child left behind
+        self._out.close()
+
+
+def python(*args: str) -> list[str]:
+    """A command line running this interpreter."""
+    return [sys.executable, *args]
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def first_pid(client: redis.Redis, event_id: str) -> int:
+    """The process that ran the job first (its pool child), once it started."""
+    pids = wait_until(lambda: client.lrange(f"pids:{event_id}", 0, 0), 30, f"{event_id} to start")
+    return int(pids[0])
+
+
+def charges(client: redis.Redis, event_id: str) -> int:
+    """How many times the side effect ran."""
+    return int(client.get(f"charges:{event_id}") or 0)
