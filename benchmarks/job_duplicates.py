@@ -33,8 +33,8 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests import servers
-from tests.jobs.common import marked
-from tests.jobs.workers import Worker, charges, first_pid, python, wait_until
+from tests.support.apps.jobs.common import marked
+from tests.support.queue_workers import Worker, charges, first_pid, python, wait_until
 
 WORK = 0.3  # seconds the first copy's charge takes
 ANSWER_TIMEOUT = 15.0  # well short of the 30 s lease: a duplicate sent back for later fails the trial
@@ -56,9 +56,9 @@ def _utc(moment: datetime.datetime | None) -> float:
 
 @contextlib.contextmanager
 def _celery(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Callable[[str], Trial]]:
-    app = importlib.import_module("tests.jobs.celery_app")
+    app = importlib.import_module("tests.support.apps.jobs.celery_app")
     argv = python(
-        "-m", "celery", "-A", "tests.jobs.celery_app", "worker", "-P", "prefork", "-c", "2",
+        "-m", "celery", "-A", "tests.support.apps.jobs.celery_app", "worker", "-P", "prefork", "-c", "2",
         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO", "-n", "bench@%h",
     )  # fmt: skip
     worker = Worker(argv, env, logs / "celery.log")
@@ -89,7 +89,7 @@ def _rq(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Callable
     from rq.job import Job, JobStatus
     from rq.serializers import JSONSerializer
 
-    from tests.jobs.rq_jobs import charge30
+    from tests.support.apps.jobs.rq_jobs import charge30
 
     def argv(n: int) -> list[str]:
         return python(
@@ -129,9 +129,9 @@ def _rq(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Callable
 
 @contextlib.contextmanager
 def _dramatiq(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Callable[[str], Trial]]:
-    app = importlib.import_module("tests.jobs.dramatiq_app")
+    app = importlib.import_module("tests.support.apps.jobs.dramatiq_app")
     worker = Worker(
-        python("-m", "dramatiq", "tests.jobs.dramatiq_app", "--processes", "1", "--threads", "2"),
+        python("-m", "dramatiq", "tests.support.apps.jobs.dramatiq_app", "--processes", "1", "--threads", "2"),
         env,
         logs / "dramatiq.log",
     )
@@ -167,8 +167,8 @@ def _arq(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Callabl
 
     # arq 0.28 passes redis-py an argument redis-py 6+ deprecates (arq pins redis<6).
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    app = importlib.import_module("tests.jobs.arq_app")
-    worker = Worker(python("-m", "arq", "tests.jobs.arq_app.WorkerSettings"), env, logs / "arq.log")
+    app = importlib.import_module("tests.support.apps.jobs.arq_app")
+    worker = Worker(python("-m", "arq", "tests.support.apps.jobs.arq_app.WorkerSettings"), env, logs / "arq.log")
     try:
         worker.wait_for_log("Starting worker")
 
