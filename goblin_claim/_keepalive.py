@@ -8,7 +8,9 @@ EXTEND script. A renewal
 that hangs or is slow on one client or node never delays renewals on another:
 
 - Sync claims share one scheduler thread per process that keeps a deadline heap
-  and never touches the network. It hands due renewals to a *lane*, one per
+  and never touches the network. A keep-alive that begins is only queued for it
+  (``_Renewer.add``); it takes the queue into its heap when it next wakes, so a
+  call that ends before then never reaches the heap. It hands due renewals to a *lane*, one per
   client (per node on a cluster), whose own thread sends them; a lane with a
   round trip still out queues what comes due meanwhile and sends it as the
   next pipeline. Lanes are made on first use and end when idle.
@@ -32,8 +34,9 @@ lane is set aside and the next renewals of its client go out on a new lane and
 connection, so a single black-holed connection does not keep a client's claims
 lost forever. At most one lane per client or node is set aside at a time.
 
-Entering or leaving a keep-alive costs a few microseconds: a heap push and a
-flag (sync), a timer scheduled and cancelled (asyncio). ``@idempotent`` begins
+Entering or leaving a keep-alive costs a microsecond or two: a dict entry put and
+taken back, no lock and no thread switch (sync), a timer scheduled and cancelled
+(asyncio). ``@idempotent`` begins
 one only once the claim is the call's, so a duplicate pays nothing for it.
 
 The lease counts from the moment the claim was sent (``lease_left``), however long
@@ -148,11 +151,12 @@ class _Renewal:
     """
 
     def __init__(self, claim: Claim | AsyncClaim, interval: float | None) -> None:
-        self.interval = renew_interval(claim.lease, interval, claim.key)
+        # renew_interval's default, a third of the lease, without its call: every first call makes one.
+        self.interval = claim.lease / 3 if interval is None else renew_interval(claim.lease, interval, claim.key)
         self.lost = False
         self.renewals = 0
         self._stopped = False
-        self._margin = lease_margin(claim.lease)
+        self._lease = claim.lease
         # When the lease is known to lapse (monotonic clock); set when renewing begins.
         self._deadline = math.inf
         # The last failed renewal's error (translated), for a look while debugging.
@@ -162,6 +166,11 @@ class _Renewal:
         if _events.enabled:
             self._context = _events.owner()
             _events.track(self)
+
+    @property
+    def _margin(self) -> float:
+        """How long before the lease's estimated lapse a renewal is given up (read when renewing only)."""
+        return lease_margin(self._lease)
 
 
 def lease_left(claim: Claim | AsyncClaim) -> float:
@@ -204,14 +213,14 @@ class KeepAlive(_Renewal):
     def _begin(self) -> None:
         """Start renewing (once), counting a renewal that finds another holder as lost."""
         if self._number < 0:
-            _renewer().add(self)
+            _RENEWER.add(self)
 
     def _end(self) -> None:
         """Stop renewing; harmless when never begun or already ended (a lost claim is)."""
         if not self._stopped:
             self._stopped = True
             if self._number >= 0:
-                _renewer().discard(self)
+                _RENEWER.discard(self)
 
 
 class _Lane:
@@ -298,11 +307,20 @@ class _Renewer:
     keep-alive from ``live`` at once, so the claim and its handle die young;
     stale pairs are skipped when they come up, and the heap is rebuilt when they
     outnumber the live entries.
+
+    A keep-alive begins in ``arrivals``, without the lock: the thread moves it to
+    ``live`` and the heap when it next wakes, which it does before the keep-alive's
+    first renewal is due (``add`` wakes it only when that is sooner than the time it
+    sleeps to). One that ends first is taken back out of ``arrivals``: no lock, no
+    heap entry, no thread switch. ``dict.popitem`` and ``dict.pop`` are atomic, so
+    exactly one of the thread and ``discard`` takes each arrival.
     """
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int]] = []
         self._live: dict[int, KeepAlive] = {}
+        # Begun, not yet in the heap: written without the lock (see the class's docstring).
+        self._arrivals: dict[int, KeepAlive] = {}
         self._numbers = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -312,27 +330,56 @@ class _Renewer:
         self._stuck: set[tuple[int, str]] = set()
         # The time the thread sleeps towards: it is woken only for an earlier
         # one, so a claim entering costs no thread switch (about once per interval).
+        # -inf while it is awake (it takes every arrival before it sleeps again),
+        # inf before it starts and while it sleeps with nothing to do.
         self._sleeping_until = math.inf
 
     def add(self, keeper: KeepAlive) -> None:
+        """Begin renewing ``keeper``: its first renewal one interval from now."""
         now = time.monotonic()
-        deadline = now + lease_left(keeper._claim)
-        with self._wake:
-            keeper._number = number = next(self._numbers)
-            keeper._deadline = deadline
-            self._live[number] = keeper
-            self._push(keeper, now + keeper.interval)
+        keeper._deadline = now + lease_left(keeper._claim)
+        keeper._next = at = now + keeper.interval
+        keeper._number = number = next(self._numbers)
+        self._arrivals[number] = keeper  # put before the look at the thread's time: see _run
+        if at < self._sleeping_until:
+            try:
+                self._rouse()
+            except BaseException:
+                self._arrivals.pop(number, None)
+                raise
+
+    def _rouse(self) -> None:
+        """Start the thread, or wake it: an arrival is due before the time it sleeps to."""
+        with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="goblin-claim renewer", daemon=True)
-                self._thread.start()
-            elif len(self._heap) > 64 and len(self._heap) > 3 * len(self._live):
-                self._heap = [e for e in self._heap if (k := self._live.get(e[1])) is not None and k._next == e[0]]
-                heapq.heapify(self._heap)
+                thread = threading.Thread(target=self._run, name="goblin-claim renewer", daemon=True)
+                thread.start()
+                self._thread = thread
+            self._sleeping_until = -math.inf  # woken: later arrivals need not wake it again
+            self._wake.notify()
 
     def discard(self, keeper: KeepAlive) -> None:
         keeper._stopped = True
-        with self._wake:
-            self._live.pop(keeper._number, None)
+        if self._arrivals.pop(keeper._number, None) is None:  # taken into the heap meanwhile
+            with self._lock:
+                self._live.pop(keeper._number, None)
+
+    def _take_arrivals(self) -> bool:
+        """Move the keep-alives begun since the last look into ``live`` and the heap (lock held)."""
+        arrivals = self._arrivals
+        taken = False
+        while arrivals:
+            try:
+                number, keeper = arrivals.popitem()
+            except KeyError:  # ended meanwhile, taken back by discard()
+                break
+            taken = True
+            self._live[number] = keeper
+            heapq.heappush(self._heap, (keeper._next, number))
+        if taken and len(self._heap) > 64 and len(self._heap) > 3 * len(self._live):
+            self._heap = [e for e in self._heap if (k := self._live.get(e[1])) is not None and k._next == e[0]]
+            heapq.heapify(self._heap)
+        return taken
 
     def _push(self, keeper: KeepAlive, at: float) -> None:
         """Act on ``keeper`` at ``at`` (lock held), waking the scheduler if that is sooner."""
@@ -344,6 +391,7 @@ class _Renewer:
     def _run(self) -> None:
         with self._wake:
             while True:
+                self._sleeping_until = -math.inf  # awake: nobody needs to wake it
                 now = time.monotonic()
                 early: list[tuple[float, int]] = []
                 while self._heap and self._heap[0][0] <= now + COALESCE:
@@ -359,13 +407,13 @@ class _Renewer:
                         self._give_up(keeper)
                 for entry in early:
                     heapq.heappush(self._heap, entry)
-                if self._heap:
-                    self._sleeping_until = self._heap[0][0]
-                    self._wake.wait(self._heap[0][0] - now)
-                else:
-                    self._sleeping_until = math.inf
-                    self._wake.wait()
-                self._sleeping_until = -math.inf  # awake: nobody needs to wake it
+                wake = self._heap[0][0] if self._heap else math.inf
+                # An arrival that saw -inf was put before this line and is taken
+                # just below; one that sees ``wake`` wakes the thread if sooner.
+                self._sleeping_until = wake
+                if self._take_arrivals():
+                    continue  # their first renewals may come before ``wake``
+                self._wake.wait(None if wake == math.inf else wake - now)
 
     def _hand_off(self, keeper: KeepAlive, now: float) -> None:
         """Queue ``keeper``'s renewal on its lane; give it up at its lease's end (lock held)."""
