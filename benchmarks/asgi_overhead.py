@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import server_url
 
-from tests import servers
+from tests.support import servers
 
 BODY = b'{"items":["tea"]}'
 VARIANTS = ("bare", "no key", "first call", "replay")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from asgi_overhead import BODY, WRK_SCRIPT, python_run, wrk_run  # noqa: E402 -- after the path setup
 from overhead import server_url  # noqa: E402
 
-from tests import servers  # noqa: E402
+from tests.support import servers  # noqa: E402
 
 DOORS = ("asgi", "wsgi", "flask", "django-wsgi", "django-asgi")
 VARIANTS = ("bare", "first call", "replay")

@@ -32,7 +32,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import servers
+from tests.support import servers
 from tests.support.apps.jobs.common import marked
 from tests.support.queue_workers import Worker, charges, first_pid, python, wait_until
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from goblin_claim import Claim, idempotent
 from goblin_claim._core import build_keys
-from tests import servers
+from tests.support import servers
 
 TTL = 86400
 VALUE = b"x" * 15  # the 15-byte value of the floor and of Claim.complete

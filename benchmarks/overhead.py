@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from goblin_claim import AsyncClaim, Claim
 from goblin_claim._core import CLAIM
-from tests import servers
+from tests.support import servers
 
 LEASE = 60  # every claim below expires on its own a minute later
 TASKS = 50

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import server_url
 
 from goblin_claim._core import CLAIM, EXTEND, RELEASE
-from tests import servers
+from tests.support import servers
 
 LEASE = 60
 PIPELINE = 1000
