@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import server_url
 
 from goblin_claim import AsyncClaim, Claim
-from goblin_claim._core import CLAIM, build_keys
+from goblin_claim._protocol.record import build_keys
+from goblin_claim._protocol.scripts import CLAIM
 
 FAMILIES = ("redis-py", "valkey-py", "GLIDE")
 CALLERS = (1, 50)

@@ -61,11 +61,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import LEASE, TASKS, server_url
 
-import goblin_claim._async as async_driver
-import goblin_claim._sync as sync_driver
+import goblin_claim._drivers.aio as async_driver
+import goblin_claim._drivers.sync as sync_driver
 from goblin_claim import AsyncClaim, Claim, Completed, idempotent
-from goblin_claim._core import CLAIM, new_token
-from goblin_claim._server import pack, run_meanwhile, send_direct, send_direct_async, state_of
+from goblin_claim._clients.transport import pack, run_meanwhile, send_direct, send_direct_async, state_of
+from goblin_claim._protocol.record import new_token
+from goblin_claim._protocol.scripts import CLAIM
 
 RESULT = b'{"status":"charged"}'
 NAMESPACE = "bench-floor"

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from goblin_claim import Claim, idempotent
-from goblin_claim._core import build_keys
+from goblin_claim._protocol.record import build_keys
 from tests.support import servers
 
 TTL = 86400

@@ -40,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import goblin_claim.otel
 from benchmarks.overhead import server_url
-from goblin_claim import AsyncClaim, Claim, Completed, _events, _idempotent_sync, idempotent
-from goblin_claim._idempotent_sync import _flow
+from goblin_claim import AsyncClaim, Claim, Completed, _events, idempotent
+from goblin_claim._decorator import sync as _idempotent_sync
+from goblin_claim._decorator.sync import _flow
 
 TASKS = 50
 _ids = itertools.count()

@@ -35,7 +35,7 @@ import redis.asyncio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from goblin_claim import AsyncClaim, Claim
-from goblin_claim._core import CLAIM
+from goblin_claim._protocol.scripts import CLAIM
 from tests.support import servers
 
 LEASE = 60  # every claim below expires on its own a minute later

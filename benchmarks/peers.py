@@ -44,7 +44,7 @@ from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisC
 from overhead import LEASE, TASKS, server_url
 
 from goblin_claim import AsyncClaim, Claim, idempotent
-from goblin_claim._core import CLAIM
+from goblin_claim._protocol.scripts import CLAIM
 
 _ids = itertools.count()
 RUN = f"{time.time_ns()}"

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import server_url
 
 from goblin_claim import AsyncClaim, Claim
-from goblin_claim._core import EXTEND, script_command
+from goblin_claim._protocol.scripts import EXTEND, script_command
 
 LEASE = 3
 

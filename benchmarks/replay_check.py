@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import server_url
 
-from goblin_claim import _envelope, idempotent
+from goblin_claim import idempotent
+from goblin_claim._decorator import codec as _envelope
 
 _ids = itertools.count()
 

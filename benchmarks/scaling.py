@@ -57,9 +57,10 @@ from memory import TTL, Charge, server, used_memory
 from renewals import LEASE, renewer_cpu
 
 from goblin_claim import AsyncClaim, Claim, idempotent
-from goblin_claim._core import CLAIM, COMPLETE, new_token, script_command
-from goblin_claim._server import reply_encoding
-from goblin_claim._wakeup import wake_kind
+from goblin_claim._clients.transport import reply_encoding
+from goblin_claim._drivers.wakeup import wake_kind
+from goblin_claim._protocol.record import new_token
+from goblin_claim._protocol.scripts import CLAIM, COMPLETE, script_command
 
 RECORDS = (10_000, 100_000, 1_000_000)
 CLAIMS = (100, 1_000, 10_000)

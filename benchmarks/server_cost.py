@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import server_url
 
-from goblin_claim._core import CLAIM, EXTEND, RELEASE
+from goblin_claim._protocol.scripts import CLAIM, EXTEND, RELEASE
 from tests.support import servers
 
 LEASE = 60

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.overhead import server_url
 from goblin_claim import AsyncClaim, Claim, Claimed
-from goblin_claim._server import state_of
+from goblin_claim._clients.transport import state_of
 
 TASKS = 50
 KEYS = 64  # completed keys, read in turn

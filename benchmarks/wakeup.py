@@ -27,14 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import server_url
 
-import goblin_claim._sync
+import goblin_claim._drivers.sync
 from goblin_claim import Claim
 
-PUSH = goblin_claim._sync.wakeups
+PUSH = goblin_claim._drivers.sync.wakeups
 
 
 def trial(client: redis.Redis, key: str, push: bool) -> float:
-    goblin_claim._sync.wakeups = PUSH if push else (lambda client: None)  # type: ignore[assignment]
+    goblin_claim._drivers.sync.wakeups = PUSH if push else (lambda client: None)  # type: ignore[assignment]
     owner = Claim(client, key, namespace="bench-wake")
     owner.acquire()
     returned: list[float] = []
@@ -69,7 +69,7 @@ def main() -> None:
                 for push in (n % 2 == 0, n % 2 != 0):
                     latencies[push].append(trial(client, f"{time.time_ns()}-{n}-{push}", push))
         finally:
-            goblin_claim._sync.wakeups = PUSH
+            goblin_claim._drivers.sync.wakeups = PUSH
             client.close()
     print(f"complete() -> waiter returns, {args.trials} trials each, milliseconds")
     for push, label in ((False, "polling alone (backoff up to 0.5 s)"), (True, "push wake-up (default)")):

@@ -5,7 +5,9 @@ An atomic claim (``SET claim_key token NX EX lease``, or the native
 else gets the first run's stored result in the same round trip.
 """
 
-from ._async import AsyncClaim
+from ._decorator.idempotent import idempotent
+from ._drivers.aio import AsyncClaim
+from ._drivers.sync import Claim
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -25,9 +27,7 @@ from ._errors import (
     WrongTypeError,
 )
 from ._events import add_listener, remove_listener
-from ._idempotent import idempotent
 from ._outcomes import Claimed, Completed, InFlight, Outcome
-from ._sync import Claim
 
 __all__ = [
     "AsyncClaim",

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, Final, NamedTuple, TypeVar
 
-from ._core import CLAIM, EXTEND, FORGET, RELEASE, Script, native_command, owner_check
 from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -46,6 +45,7 @@ from ._errors import (
     StillInFlightError,
 )
 from ._outcomes import Claimed, Completed, InFlight
+from ._protocol.scripts import CLAIM, EXTEND, FORGET, RELEASE, Script, native_command, owner_check
 
 __all__ = [
     "NOTICES",
@@ -208,7 +208,7 @@ def path_of(claim: Any, script: Script | None) -> str | None:
     """How ``claim``'s client sends ``script`` now: ``"native"``, ``"script"``, or ``None`` before any probe."""
     if script is None:
         return "script"
-    from ._server import state_of  # the drivers import this module: no cycle at import time
+    from ._clients.transport import state_of  # the drivers import this module: no cycle at import time
 
     available = state_of(claim._client).native
     if available is None:
@@ -465,7 +465,7 @@ def _finish(op: Op, result: object) -> object:
 def observe(operation: str) -> Callable[[F], F]:
     """Make a driver method end in one event; unobserved, it costs one flag test and a call.
 
-    Works on ``def`` and ``async def`` alike, so ``_sync.py`` and its generated
+    Works on ``def`` and ``async def`` alike, so ``_drivers/sync.py`` and its generated
     twin carry the same line.
     """
     script = _SCRIPTS[operation]

@@ -31,9 +31,11 @@ from typing import Annotated, Any, Final, Literal, TypeVar, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ._core import DONE_PREFIX, check_namespace, check_seconds, check_timeout, describe
-from ._core import new_token as _new_token
+from ._defaults import LEASE, TTL
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._protocol.checks import check_namespace, check_seconds, check_timeout, describe
+from ._protocol.record import DONE_PREFIX
+from ._protocol.record import new_token as _new_token
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 # RFC 9110 section 7.6.1, plus the pre-standard ones proxies still send.
@@ -365,8 +367,8 @@ def make_options(
     required: bool = False,
     methods: Iterable[str] = ("POST", "PATCH"),
     header: str = "Idempotency-Key",
-    lease: int = 30,
-    ttl: int = 86400,
+    lease: int = LEASE,
+    ttl: int = TTL,
     wait: float = 0.0,
     scope: Callable[[Any], object] | None = None,
     shared_scope: bool = False,

@@ -38,8 +38,8 @@ from typing import Any
 import pydantic
 import pydantic_core
 
+from ._decorator.idempotent import idempotent
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError, StillInFlightError
-from ._idempotent import idempotent
 
 __all__ = [
     "WAIT",

@@ -38,8 +38,8 @@ from typing import Any
 from arq.constants import retry_key_prefix
 from arq.worker import Retry
 
+from ._decorator.idempotent import idempotent
 from ._errors import StillInFlightError
-from ._idempotent import idempotent
 from ._jobs import acall_with_first, current_first, job_function, plain_result, retry_delay
 
 __all__ = ["idempotent_job"]

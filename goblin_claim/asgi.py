@@ -49,31 +49,26 @@ and ``TRACE`` are never intercepted.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Final, Literal
 
 from . import _events, _http
-from ._async import AsyncClaim
-from ._core import ASYNC_NEEDS, WaitSchedule, adapted, client_kind
+from ._clients.families import adapt
+from ._clients.kinds import ASYNC_NEEDS, client_kind
+from ._clients.transport import to_the_end_async
+from ._defaults import LEASE, TTL
+from ._drivers.aio import AsyncClaim
+from ._drivers.http_aio import _digest, give_back, mark, open_claim, store
 from ._errors import (
-    ClaimLostError,
-    ConnectionFailedError,
-    GoblinClaimError,
     InvalidArgumentTypeError,
-    ResultLostError,
-    StillInFlightError,
 )
 from ._http import (
     DEFAULT_NEVER_REPLAYED,
     DEFAULT_RELEASE_STATUSES,
     DEFAULT_REPLAY_HEADERS,
     DEFAULT_STREAM_TYPES,
-    STORE_WINDOW,
     UNSTORED_HEADER,
     AbandonedRequest,
     Answer,
@@ -82,8 +77,8 @@ from ._http import (
     UnstoredResponse,
     idempotency_key,
 )
-from ._outcomes import Completed, InFlight
-from ._server import to_the_end_async
+
+logger = logging.getLogger("goblin_claim.asgi")
 
 __all__ = [
     "DEFAULT_NEVER_REPLAYED",
@@ -108,8 +103,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-logger = logging.getLogger("goblin_claim.asgi")
 
 
 # --------------------------------------------------------------------------- the middleware
@@ -208,8 +201,8 @@ class IdempotencyMiddleware:
         required: bool = False,
         methods: Iterable[str] = ("POST", "PATCH"),
         header: str = "Idempotency-Key",
-        lease: int = 30,
-        ttl: int = 86400,
+        lease: int = LEASE,
+        ttl: int = TTL,
         wait: float = 0.0,
         scope: Callable[[Scope], str | int | uuid.UUID | None] | None = None,
         shared_scope: bool = False,
@@ -226,7 +219,7 @@ class IdempotencyMiddleware:
         self.app = app
         self._client: Any = None
         self._factory: Callable[[], Any] | None = None
-        client = adapted(client)  # a GLIDE client: its adapter
+        client = adapt(client)  # a GLIDE client: its adapter
         kind = client_kind(client)
         if kind is None and callable(client):
             self._factory = client
@@ -325,7 +318,7 @@ class IdempotencyMiddleware:
         client = self._client
         if client is None:
             assert self._factory is not None
-            made = adapted(self._factory())
+            made = adapt(self._factory())
             _check_async_client(made)
             self._client = client = made
         return client
@@ -347,102 +340,6 @@ class IdempotencyMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def open_claim(
-    options: _http.Options, claim: AsyncClaim, fp: str, accept_encoding: bytes | None = None
-) -> Answer | None:
-    """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem).
-
-    Shared by the ASGI middleware and Django's door under ASGI. A claim whose
-    round trip was cancelled is given back before the cancellation goes on.
-    """
-    try:
-        outcome = await claim.acquire()
-        if isinstance(outcome, InFlight):
-            answer = _http.in_flight(options, claim._holder, fp)
-            if answer is not None:
-                return answer
-            outcome = await claim.wait(timeout=options.wait)
-    except StillInFlightError:
-        return _http.problem(409, f"{_http.IN_FLIGHT} (waited {options.wait:g}s)", retry=True)
-    except ResultLostError:
-        return _http.problem(500, _http.RESULT_LOST, code="result-lost")
-    except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
-        logger.warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), type(exc).__name__)
-        return _http.problem(503, _http.UNAVAILABLE, retry=True)
-    except asyncio.CancelledError:
-        # The claim (or wait()'s takeover) may have landed with its reply lost to the
-        # cancellation: give this token's claim back, or the key stays blocked by
-        # nobody for the whole lease. Owner-checked, so a no-op when it never landed.
-        await to_the_end_async(give_back(claim))
-        raise
-    if isinstance(outcome, Completed):
-        answer = _http.replay(outcome.value, fp, accept_encoding)
-        if answer.status == 500 and _http.REPLAYED_HEADER not in answer.headers:
-            logger.warning("key %s: a duplicate was answered %d", _digest(claim), answer.status)
-        return answer
-    return None
-
-
-async def store(claim: AsyncClaim, payload: bytes, status: int, fp: str) -> Literal["stored", "lost", "failed"]:
-    """Store a whole response; failing that, keep the key closed with a small marker (fail closed)."""
-    try:
-        await _complete(claim, payload)
-        return "stored"
-    except ClaimLostError:
-        # Another request took the key over after this lease lapsed: the answer
-        # that is (or will be) stored is theirs, so this one is not given out.
-        logger.warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
-        return "lost"
-    except GoblinClaimError as exc:
-        # The app ran: its answer is sent all the same, marked unstored.
-        logger.warning(
-            "key %s: the response could not be stored (%s); it will not be replayed", _digest(claim), type(exc).__name__
-        )
-        failure = exc
-    if not isinstance(failure, ConnectionFailedError):
-        # A refused write (maxmemory, a size limit) may still take a marker a few
-        # bytes long; a connection that failed through the store window would not.
-        await mark(claim, _http.unstored_payload(fp, status, f"it could not be stored: {str(failure)[:200]}"))
-    return "failed"
-
-
-async def _complete(claim: AsyncClaim, payload: bytes) -> None:
-    # Owner-checked and safe to send twice, so a dropped connection is retried
-    # for a while (it also lands after the lease if nobody claimed the key since).
-    schedule = WaitSchedule(min(float(claim.lease), STORE_WINDOW), claim.key)
-    schedule.start(time.monotonic())
-    while True:
-        try:
-            await claim.complete(payload)
-            return
-        except ConnectionFailedError:
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise
-            await asyncio.sleep(delay)
-
-
-async def mark(claim: AsyncClaim, marker: bytes) -> None:
-    """Keep the key closed with ``marker``: duplicates are told, the request is not run again."""
-    try:
-        await _complete(claim, marker)
-    except GoblinClaimError as exc:
-        logger.warning(
-            "key %s: could not keep the key closed (%s); it frees itself after the lease and a retry runs again",
-            _digest(claim), type(exc).__name__,
-        )  # fmt: skip
-
-
-async def give_back(claim: AsyncClaim) -> None:
-    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise)."""
-    with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
-        await claim.release()
-
-
-def _digest(claim: AsyncClaim) -> str:
-    return _http.key_digest(claim.key)
 
 
 class _Exchange:

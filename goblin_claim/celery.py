@@ -48,10 +48,10 @@ from celery import Task
 from celery.exceptions import Ignore
 from celery.utils import uuid
 
-from ._core import build_keys
+from ._decorator.idempotent import idempotent
 from ._errors import StillInFlightError
-from ._idempotent import idempotent
 from ._jobs import job_function, plain_result, retry_delay, split_options
+from ._protocol.record import build_keys
 
 __all__ = ["IdempotentTask"]
 

@@ -54,12 +54,14 @@ from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionD
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.urls import Resolver404, resolve
 
-from . import _events, _http, asgi, wsgi
-from ._async import AsyncClaim
-from ._core import adapted, client_kind
+from . import _events, _http
+from ._clients.families import adapt
+from ._clients.kinds import client_kind
+from ._clients.transport import to_the_end_async
+from ._drivers import http_aio, http_sync
+from ._drivers.aio import AsyncClaim
+from ._drivers.sync import Claim
 from ._http import UNSTORED_HEADER, Answer, Options, idempotency_key
-from ._server import to_the_end_async
-from ._sync import Claim
 
 __all__ = [
     "SETTING",
@@ -129,9 +131,9 @@ class _Door:
         if isinstance(setting, str):
             module, _, name = setting.rpartition(".")
             made = getattr(importlib.import_module(module), name)
-        made = adapted(made)  # a GLIDE client: its adapter
+        made = adapt(made)  # a GLIDE client: its adapter
         if client_kind(made) is None and callable(made):
-            made = adapted(made())
+            made = adapt(made())
         if client_kind(made) is not want_async:
             world = "ASGI: an asyncio client" if want_async else "WSGI: a sync client"
             raise ImproperlyConfigured(
@@ -213,7 +215,7 @@ class _Door:
         fp: str,
         op: _events.Op | _events._NoOp,
     ) -> HttpResponseBase:
-        opened = wsgi.open_claim(self.options, claim, fp, _accept(request))
+        opened = http_sync.open_claim(self.options, claim, fp, _accept(request))
         if opened is not None:
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
@@ -225,14 +227,14 @@ class _Door:
         except BaseException as error:
             keep.__exit__(None, None, None)
             if isinstance(error, Exception):
-                wsgi.give_back(claim)
+                http_sync.give_back(claim)
             else:  # SystemExit (gunicorn's timeout): the view began, what it did is unknown
-                wsgi.abandon(claim, fp, f"the worker was stopped mid-request ({type(error).__name__})")
+                http_sync.abandon(claim, fp, f"the worker was stopped mid-request ({type(error).__name__})")
             raise
         status = response.status_code
         if self.options.given_back(status):
             keep.__exit__(None, None, None)
-            wsgi.give_back(claim)
+            http_sync.give_back(claim)
             return response
         reason = self._unkept(response)
         if reason is not None:
@@ -240,7 +242,7 @@ class _Door:
         keep.__exit__(None, None, None)
         assert isinstance(response, HttpResponse)
         payload = _http.stored_payload(fp, status, _byte_headers(response), self.options.keeps_header, response.content)
-        stored = wsgi.store(claim, payload, status, fp)
+        stored = http_sync.store(claim, payload, status, fp)
         return self._sent(response, stored)
 
     def _pass_sync(self, response: HttpResponseBase, claim: Claim, fp: str, reason: str, keep: Any) -> HttpResponseBase:
@@ -248,7 +250,7 @@ class _Door:
         status = response.status_code
         if not isinstance(response, StreamingHttpResponse):
             keep.__exit__(None, None, None)
-            wsgi.mark(claim, _http.unstored_payload(fp, status, reason))
+            http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
             return response
         inner = response.streaming_content
 
@@ -260,9 +262,9 @@ class _Door:
             finally:
                 keep.__exit__(None, None, None)
                 if ended:
-                    wsgi.mark(claim, _http.unstored_payload(fp, status, reason))
+                    http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
                 else:
-                    wsgi.abandon(claim, fp, "the streamed response was not sent whole (the client left)")
+                    http_sync.abandon(claim, fp, "the streamed response was not sent whole (the client left)")
 
         response.streaming_content = passing()
         return response
@@ -303,7 +305,7 @@ class _Door:
         fp: str,
         op: _events.Op | _events._NoOp,
     ) -> HttpResponseBase:
-        opened = await asgi.open_claim(self.options, claim, fp, _accept(request))
+        opened = await http_aio.open_claim(self.options, claim, fp, _accept(request))
         if opened is not None:
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
@@ -313,21 +315,21 @@ class _Door:
                 response = await call(request)
         except BaseException as error:
             if isinstance(error, Exception):
-                await to_the_end_async(asgi.give_back(claim))
+                await to_the_end_async(http_aio.give_back(claim))
             else:  # cancelled: Django does this when the client disconnects; the view began
                 cancelled = "the request was cancelled after it began (the client disconnected or the server stopped)"
                 await to_the_end_async(_abandon_async(claim, fp, cancelled))
             raise
         status = response.status_code
         if self.options.given_back(status):
-            await to_the_end_async(asgi.give_back(claim))
+            await to_the_end_async(http_aio.give_back(claim))
             return response
         reason = self._unkept(response)
         if reason is not None:
             return await self._pass_async(response, claim, fp, reason)
         assert isinstance(response, HttpResponse)
         payload = _http.stored_payload(fp, status, _byte_headers(response), self.options.keeps_header, response.content)
-        stored = await to_the_end_async(asgi.store(claim, payload, status, fp))
+        stored = await to_the_end_async(http_aio.store(claim, payload, status, fp))
         return self._sent(response, stored)
 
     async def _pass_async(self, response: HttpResponseBase, claim: AsyncClaim, fp: str, reason: str) -> Any:
@@ -336,7 +338,7 @@ class _Door:
         marker = _http.unstored_payload(fp, status, reason)
         if not isinstance(response, StreamingHttpResponse) or not response.is_async:
             # A sync stream under ASGI is consumed by Django in a thread: marked as passed on.
-            await to_the_end_async(asgi.mark(claim, marker))
+            await to_the_end_async(http_aio.mark(claim, marker))
             return response
         inner = response.streaming_content
 
@@ -348,7 +350,7 @@ class _Door:
                 ended = True
             finally:
                 if ended:
-                    await to_the_end_async(asgi.mark(claim, marker))
+                    await to_the_end_async(http_aio.mark(claim, marker))
                 else:
                     cut = "the streamed response was not sent whole (the client left)"
                     await to_the_end_async(_abandon_async(claim, fp, cut))
@@ -378,10 +380,10 @@ class _Door:
 
 
 async def _abandon_async(claim: AsyncClaim, fp: str, reason: str) -> None:
-    asgi.logger.warning(
+    http_aio.logger.warning(
         "key %s: %s; the key is kept closed, duplicates are answered 422", _http.key_digest(claim.key), reason
     )
-    await asgi.mark(claim, _http.abandoned_payload(fp, reason))
+    await http_aio.mark(claim, _http.abandoned_payload(fp, reason))
 
 
 def _answered_by_django(error: Exception) -> bool:

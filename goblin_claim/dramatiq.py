@@ -35,8 +35,8 @@ from typing import Any
 import dramatiq
 from dramatiq.errors import Retry
 
+from ._decorator.idempotent import idempotent
 from ._errors import StillInFlightError
-from ._idempotent import idempotent
 from ._jobs import job_function, plain_result, retry_delay, split_options
 
 __all__ = ["Idempotency"]

@@ -32,9 +32,10 @@ from typing import Any, TypeVar
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from . import _events, _http, wsgi
+from . import _events, _http
+from ._drivers import http_sync
+from ._drivers.sync import Claim
 from ._http import UNSTORED_HEADER, Answer, Options, idempotency_key
-from ._sync import Claim
 
 __all__ = ["Idempotency", "idempotency_key"]
 
@@ -61,7 +62,7 @@ class Idempotency:
     def __init__(self, app: Flask | None = None, *, client: Any, **options: Any) -> None:
         self._given = dict(options)
         self.defaults = _http.make_options(**options)
-        self._door = wsgi.SyncDoor(client, self.defaults)
+        self._door = http_sync.SyncDoor(client, self.defaults)
         if app is not None:
             self.init_app(app)
 
@@ -137,7 +138,7 @@ class Idempotency:
         op = _events.observing("request", claim)
         op.__enter__()
         try:
-            opened = wsgi.open_claim(options, claim, fp, None if accept is None else accept.encode("latin-1"))
+            opened = http_sync.open_claim(options, claim, fp, None if accept is None else accept.encode("latin-1"))
         except BaseException as exc:
             op.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -163,7 +164,7 @@ class Idempotency:
         status = response.status_code
         if options.given_back(status):
             keep.__exit__(None, None, None)
-            wsgi.give_back(claim)
+            http_sync.give_back(claim)
             return response
         headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in response.headers.items()]
         reason = "it is a streamed response" if response.is_streamed else _http.streamed_reason(options, headers)
@@ -174,7 +175,9 @@ class Idempotency:
         if reason is not None:
             return _pass(response, claim, fp, keep, reason)
         keep.__exit__(None, None, None)
-        stored = wsgi.store(claim, _http.stored_payload(fp, status, headers, options.keeps_header, body), status, fp)
+        stored = http_sync.store(
+            claim, _http.stored_payload(fp, status, headers, options.keeps_header, body), status, fp
+        )
         if stored == "lost":
             return _response(_http.problem(503, _http.LOST, retry=True, code="claim-lost"), options.problem_docs)
         if stored == "failed":
@@ -191,7 +194,7 @@ class Idempotency:
         # after_request did not run: the request was stopped mid-view (SystemExit from
         # gunicorn's timeout, KeyboardInterrupt). The view began; it is never run again.
         what = type(error).__name__ if error is not None else "no response"
-        wsgi.abandon(claim, fp, f"the worker was stopped mid-request ({what})")
+        http_sync.abandon(claim, fp, f"the worker was stopped mid-request ({what})")
 
 
 def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> Response:
@@ -200,7 +203,7 @@ def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> 
     status = response.status_code
     if not response.is_streamed:
         keep.__exit__(None, None, None)
-        wsgi.mark(claim, _http.unstored_payload(fp, status, reason))
+        http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
         return response
     inner = response.response
 
@@ -213,9 +216,9 @@ def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> 
         finally:
             keep.__exit__(None, None, None)
             if ended:
-                wsgi.mark(claim, _http.unstored_payload(fp, status, reason))
+                http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
             else:
-                wsgi.abandon(claim, fp, "the streamed response was not sent whole (the client left)")
+                http_sync.abandon(claim, fp, "the streamed response was not sent whole (the client left)")
 
     response.response = passing()
     return response

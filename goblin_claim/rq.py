@@ -33,8 +33,8 @@ from typing import Any
 
 from rq import get_current_job
 
+from ._decorator.idempotent import idempotent
 from ._errors import StillInFlightError
-from ._idempotent import idempotent
 from ._jobs import job_function, plain_result, retry_delay
 
 __all__ = ["idempotent_job"]

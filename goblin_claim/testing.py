@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core import CLAIMED
+from ._protocol.record import CLAIMED
 
 try:
     import fakeredis

@@ -1,7 +1,7 @@
-"""Generate the asyncio twins of the sync modules: ``_async.py`` and ``_idempotent_async.py``.
+"""Generate the asyncio twins of the sync modules: ``_drivers/aio.py`` and ``_decorator/aio.py``.
 
-The ``Claim`` driver (``_sync.py``) and the ``@idempotent`` flow
-(``_idempotent_sync.py``) each have an asyncio mirror, name for name; writing
+The ``Claim`` driver (``_drivers/sync.py``) and the ``@idempotent`` flow
+(``_decorator/sync.py``) each have an asyncio mirror, name for name; writing
 those by hand invites drift, so each is derived from its sync source by the
 exact replacements below. Run ``python tools/gen_async.py`` after editing a
 source; ``--check`` fails when a committed twin is stale (``make typecheck``
@@ -15,19 +15,22 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "goblin_claim"
 
-# (sync text, async text): each must occur in _sync.py, or the script fails.
+# (sync text, async text): each must occur in _drivers/sync.py, or the script fails.
 DRIVER: list[tuple[str, str]] = [
     (
-        '"""``Claim``: the claim protocol over a sync redis-py client.\n\nThe mirror of ``_async.py``',
-        '"""``AsyncClaim``: the claim protocol over an asyncio redis-py client.\n\nThe mirror of ``_sync.py``',
+        '"""``Claim``: the claim protocol over a sync redis-py client.\n\nThe mirror of ``_drivers/aio.py``',
+        '"""``AsyncClaim``: the claim protocol over an asyncio redis-py client.\n\nThe mirror of ``_drivers/sync.py``',
     ),
     ("import contextlib\n", "import asyncio\nimport contextlib\n"),
     ("from redis.cluster import RedisCluster\n", "from redis.asyncio.cluster import RedisCluster\n"),
     (
-        "from ._clients import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, raised_by_client\n",
-        "from ._clients import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, raised_by_client\n",
+        "from .._clients.families import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, adapt\n",
+        "from .._clients.families import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, adapt\n",
     ),
-    ("from ._cluster import is_redirect, node_round\n", "from ._cluster import is_redirect, node_round_async\n"),
+    (
+        "from .._clients.cluster import is_redirect, node_round\n",
+        "from .._clients.cluster import is_redirect, node_round_async\n",
+    ),
     ("= node_round(client,", "= await node_round_async(client,"),
     ("from collections.abc import Callable,", "from collections.abc import Awaitable, Callable,"),
     (
@@ -90,7 +93,10 @@ DRIVER: list[tuple[str, str]] = [
     ("    send_direct,\n", "    send_direct_async,\n"),
     ("    send_direct_many,\n", "    send_direct_many_async,\n"),
     ("return send_direct_many(pool, commands, sends)", "return await send_direct_many_async(pool, commands, sends)"),
-    ("    failed,\n", "    failed_async,\n"),
+    (
+        "from .._clients.errors import failed, is_reshaping, raised_by_client, translate\n",
+        "from .._clients.errors import failed_async, is_reshaping, raised_by_client, translate\n",
+    ),
     ("raise failed(client,", "raise await failed_async(client,"),
     ("error = failed(client,", "error = await failed_async(client,"),
     ("    to_the_end,\n", "    to_the_end_async,\n"),
@@ -114,7 +120,7 @@ DRIVER: list[tuple[str, str]] = [
     ("def _announcing(", "async def _announcing("),
     ("return _announcing(client,", "return await _announcing(client,"),
     ("import threading\n", ""),
-    ("from ._wakeup import wake_kind, wakeups\n", "from ._wakeup import async_wakeups, wake_kind\n"),
+    ("from .wakeup import wake_kind, wakeups\n", "from .wakeup import async_wakeups, wake_kind\n"),
     ("subscriber = wakeups(self._client)", "subscriber = async_wakeups(self._client)"),
     ("subscriber.unwatch(self.claim_key, woken)", "await subscriber.unwatch(self.claim_key, woken)"),
     ("                _sleep(woken, delay)\n", "                await _sleep(woken, delay)\n"),
@@ -165,16 +171,16 @@ DRIVER: list[tuple[str, str]] = [
 ]
 
 
-# (sync text, async text) for the decorator's flow: each must occur in _idempotent_sync.py.
+# (sync text, async text) for the decorator's flow: each must occur in _decorator/sync.py.
 FLOW: list[tuple[str, str]] = [
     (
         '"""The I/O flow of ``@idempotent`` on a ``def``, over ``Claim``.\n\n'
-        "The source of ``_idempotent_async.py`` (``tools/gen_async.py`` makes it).\n",
+        "The source of ``_decorator/aio.py`` (``tools/gen_async.py`` makes it).\n",
         '"""The I/O flow of ``@idempotent`` on an ``async def``, over ``AsyncClaim``.\n\n'
-        "The mirror of ``_idempotent_sync.py``, which it is generated from.\n",
+        "The mirror of ``_decorator/sync.py``, which it is generated from.\n",
     ),
     ("import contextlib\n", "import asyncio\nimport contextlib\n"),
-    ("from ._sync import Claim\n", "from ._async import AsyncClaim\n"),
+    ("from .._drivers.sync import Claim\n", "from .._drivers.aio import AsyncClaim\n"),
     ("KeepAlive", "AsyncKeepAlive"),
     ("claim: Claim", "claim: AsyncClaim"),
     ("spec.handle(Claim, call)", "spec.handle(AsyncClaim, call)"),
@@ -194,14 +200,14 @@ FLOW: list[tuple[str, str]] = [
     ("    store(spec, claim, call, payload", "    await store(spec, claim, call, payload"),
     ("claim._complete(payload,", "await claim._complete(payload,"),
     ("time.sleep(delay)", "await asyncio.sleep(delay)"),
-    ("from ._server import to_the_end\n", "from ._server import to_the_end_async\n"),
+    ("from .._clients.transport import to_the_end\n", "from .._clients.transport import to_the_end_async\n"),
     ("to_the_end(", "await to_the_end_async("),
 ]
 
 # (source, target, replacements)
 JOBS = [
-    ("_sync.py", "_async.py", DRIVER),
-    ("_idempotent_sync.py", "_idempotent_async.py", FLOW),
+    ("_drivers/sync.py", "_drivers/aio.py", DRIVER),
+    ("_decorator/sync.py", "_decorator/aio.py", FLOW),
 ]
 
 

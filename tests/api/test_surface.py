@@ -81,7 +81,7 @@ def test_sync_and_async_handles_mirror_each_other() -> None:
 
 
 def test_async_driver_is_generated_from_the_sync_one() -> None:
-    """The asyncio twins (_async.py, _idempotent_async.py) are exactly what tools/gen_async.py derives."""
+    """The asyncio twins (_drivers/aio.py, _decorator/aio.py) are exactly what tools/gen_async.py derives."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "gen_async.py"), "--check"], capture_output=True, text=True
     )

@@ -31,8 +31,9 @@ from goblin_claim import (
     InvalidArgumentTypeError,
     idempotent,
 )
-from goblin_claim._core import check_value, client_kind, describe
-from goblin_claim._server import reply_encoding
+from goblin_claim._clients.kinds import client_kind
+from goblin_claim._clients.transport import reply_encoding
+from goblin_claim._protocol.checks import check_value, describe
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import Backend, Driver, Runner, stored, unique
 

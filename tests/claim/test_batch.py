@@ -6,18 +6,10 @@ from typing import Any
 
 import pytest
 
-import goblin_claim._async
-import goblin_claim._sync
-from goblin_claim import (
-    AsyncClaim,
-    Claim,
-    Claimed,
-    Completed,
-    InFlight,
-    InvalidArgumentError,
-    WrongTypeError,
-)
-from goblin_claim._core import PEEK
+import goblin_claim._drivers.aio
+import goblin_claim._drivers.sync
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, InvalidArgumentError, WrongTypeError
+from goblin_claim._protocol.scripts import PEEK
 from tests.conftest import Driver, SyncView, unique
 
 
@@ -85,21 +77,21 @@ def test_batch_sees_work_completed_between_the_native_nil_and_its_read(
             finisher.complete(b"v")
 
     if driver.run is None:
-        send = goblin_claim._sync._pipelined
+        send = goblin_claim._drivers.sync._pipelined
 
         def pipelined(client: Any, commands: Any, pipe: Any = None, sends: Any = None) -> list[object]:
             finish_before_the_reads(commands)
             return send(client, commands, pipe, sends)
 
-        monkeypatch.setattr(goblin_claim._sync, "_pipelined", pipelined)
+        monkeypatch.setattr(goblin_claim._drivers.sync, "_pipelined", pipelined)
     else:
-        send_async = goblin_claim._async._pipelined
+        send_async = goblin_claim._drivers.aio._pipelined
 
         async def async_pipelined(client: Any, commands: Any, pipe: Any = None, sends: Any = None) -> list[object]:
             finish_before_the_reads(commands)
             return await send_async(client, commands, pipe, sends)
 
-        monkeypatch.setattr(goblin_claim._async, "_pipelined", async_pipelined)
+        monkeypatch.setattr(goblin_claim._drivers.aio, "_pipelined", async_pipelined)
 
     outcomes = [outcome for _, outcome in acquire_many(driver, [free, busy], namespace=namespace)]
     assert isinstance(outcomes[0], Claimed)

@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 
 from goblin_claim import AsyncClaim, Completed, idempotent
-from goblin_claim._core import DONE_PREFIX
+from goblin_claim._protocol.record import DONE_PREFIX
 from tests.conftest import Backend, unique
 from tests.support import servers
 from tests.support.proxy import FaultProxy

@@ -28,8 +28,9 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, idempotent
-from goblin_claim._core import EXTEND, lease_margin
-from goblin_claim._keepalive import COALESCE
+from goblin_claim._drivers.keepalive import COALESCE
+from goblin_claim._protocol.scripts import EXTEND
+from goblin_claim._protocol.timing import lease_margin
 from tests.conftest import IN_CI, unique
 from tests.support import servers
 from tests.support.proxy import FaultProxy

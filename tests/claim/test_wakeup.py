@@ -17,8 +17,8 @@ import redis.asyncio
 import redis.cluster
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed
-from goblin_claim._core import Backoff, WaitSchedule
-from goblin_claim._wakeup import wakeups
+from goblin_claim._drivers.wakeup import wakeups
+from goblin_claim._protocol.timing import Backoff, WaitSchedule
 from tests.conftest import Backend, unique
 from tests.support.servers import HOST
 

@@ -18,7 +18,8 @@ import pytest
 import redis
 
 from goblin_claim import Claim, Claimed, ResultLostError, WrongTypeError, idempotent
-from goblin_claim._cli import eviction_finding, main, native_finding, owner_check_finding
+from goblin_claim._cli.doctor import eviction_finding, native_finding, owner_check_finding
+from goblin_claim._cli.main import main
 from tests.conftest import publish, unique
 from tests.support import servers
 

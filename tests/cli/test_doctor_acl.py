@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from goblin_claim._cli import acl_operation_findings, doctor, operation_needs, script_commands
+from goblin_claim._cli.acl import acl_operation_findings, operation_needs, script_commands
+from goblin_claim._cli.doctor import doctor
 from tests.conftest import unique
 from tests.support import servers
 

@@ -27,7 +27,7 @@ import redis.asyncio
 import redis.cluster
 
 from goblin_claim import Claim, Claimed, idempotent
-from goblin_claim._core import build_keys
+from goblin_claim._protocol.record import build_keys
 from tests.conftest import IN_CI, unique
 from tests.support import servers
 

@@ -23,19 +23,12 @@ import redis
 import redis.cluster
 
 from goblin_claim import Claim, Claimed, idempotent
-from goblin_claim._cli import (
-    classify,
-    key_of,
-    legacy_entry,
-    main,
-    owner_part,
-    parse_name,
-    pubsub_metrics_finding,
-    redacted,
-    scan_pattern,
-)
-from goblin_claim._core import build_keys
-from goblin_claim._envelope import FINGERPRINT_CHARS
+from goblin_claim._cli.connect import redacted
+from goblin_claim._cli.doctor import pubsub_metrics_finding
+from goblin_claim._cli.main import main
+from goblin_claim._cli.scan import classify, key_of, legacy_entry, owner_part, parse_name, scan_pattern
+from goblin_claim._decorator.fingerprint import FINGERPRINT_CHARS
+from goblin_claim._protocol.record import build_keys
 from tests.conftest import unique
 from tests.support import servers
 

@@ -31,10 +31,13 @@ from goblin_claim import (
     NotReplicatedError,
     idempotent,
 )
-from goblin_claim._clients import adapt
-from goblin_claim._core import CLAIM, COMPLETE, client_kind
-from goblin_claim._glide import AsyncGlideAdapter, GlideAdapter, adapter_for
-from goblin_claim._server import is_transient, is_unknown_command, state_of
+from goblin_claim._clients.errors import is_transient
+from goblin_claim._clients.families import adapt
+from goblin_claim._clients.glide import AsyncGlideAdapter, GlideAdapter, adapter_for
+from goblin_claim._clients.kinds import client_kind
+from goblin_claim._clients.transport import state_of
+from goblin_claim._protocol.refusals import is_unknown_command
+from goblin_claim._protocol.scripts import CLAIM, COMPLETE
 from tests.claim.test_wakeup import (  # a poll every 5 s: only a wake-up is quicker
     SlowPollingAsyncClaim,
     SlowPollingClaim,

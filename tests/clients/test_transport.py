@@ -1,6 +1,6 @@
 """The direct round trip: which clients take it, and that nothing is lost when they do.
 
-A stock client's round trips go straight through its pool (``_server.send_direct``);
+A stock client's round trips go straight through its pool (``_clients.transport.send_direct``);
 anyone watching ``execute_command`` (a subclass, an instrumentation patched onto
 the class, redis-py's own observability) gets every command through it instead.
 """
@@ -23,8 +23,8 @@ from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight
-from goblin_claim._core import SCRIPTS
-from goblin_claim._server import direct_pool, pack, state_of
+from goblin_claim._clients.transport import direct_pool, pack, state_of
+from goblin_claim._protocol.scripts import SCRIPTS
 from tests.conftest import unique
 from tests.support import servers
 
@@ -376,7 +376,7 @@ def _counting_client(port: int, max_connections: int = 50, **kwargs: Any) -> tup
 
 
 def _claims_sent(faults: Any, key: str) -> int:
-    from goblin_claim._core import CLAIM
+    from goblin_claim._protocol.scripts import CLAIM
 
     return int(faults.count(CLAIM.sha.encode(), key.encode()))
 
@@ -560,7 +560,7 @@ def test_a_task_cancelled_before_its_round_is_sent_is_left_out(server: servers.R
 
 def test_a_lone_task_sends_alone(server: servers.RedisProcess) -> None:
     """With nothing else on the wire a command goes at once, over its own connection: no round is gathered."""
-    from goblin_claim import _server
+    from goblin_claim._clients import transport as _server
 
     async def main() -> None:
         client, pool = _counting_client(server.port)
@@ -621,7 +621,7 @@ def test_a_pool_that_shared_rounds_is_freed_with_its_client(server: servers.Redi
     import gc
     import weakref
 
-    from goblin_claim import _server
+    from goblin_claim._clients import transport as _server
 
     async def main() -> weakref.ref[Any]:
         client, pool = _counting_client(server.port)

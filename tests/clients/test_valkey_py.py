@@ -44,9 +44,10 @@ from goblin_claim import (
     WrongTypeError,
     idempotent,
 )
-from goblin_claim._cli import main
-from goblin_claim._server import is_transient, state_of, translate
-from goblin_claim._wakeup import async_wakeups, wakeups
+from goblin_claim._cli.main import main
+from goblin_claim._clients.errors import is_transient, translate
+from goblin_claim._clients.transport import state_of
+from goblin_claim._drivers.wakeup import async_wakeups, wakeups
 from tests.conftest import unique
 from tests.support import servers
 from tests.support.proxy import FaultProxy, Faults
@@ -622,7 +623,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 @pytest.mark.parametrize("native", [False, True], ids=["scripts", "native"])
 def test_the_valkey_fakes_take_both_paths(native: bool) -> None:
     """``fake_valkey`` / ``fake_async_valkey`` are valkey-py clients, on the path asked for."""
-    from goblin_claim._core import NATIVE_COMMANDS
+    from goblin_claim._protocol.scripts import NATIVE_COMMANDS
     from goblin_claim.testing import fake_async_valkey, fake_valkey
 
     client = fake_valkey(native)

@@ -914,7 +914,7 @@ def test_async_keep_alives_start_no_task_until_a_renewal_is_due(backend: Backend
 
 def test_duplicates_leave_nothing_with_the_renewer(backend: Backend) -> None:
     """A duplicate starts no keep-alive: the renewer never holds one of this function's claims."""
-    from goblin_claim._keepalive import _Renewer, _renewer
+    from goblin_claim._drivers.keepalive import _Renewer, _renewer
 
     added: list[str] = []
     real_add = _Renewer.add
@@ -955,7 +955,7 @@ def test_a_keep_alive_that_cannot_start_stores_nothing_and_gives_the_claim_back(
     The function never ran, so even an error of a type in ``replay_errors`` is not
     stored as its outcome; the next call runs the function, once.
     """
-    from goblin_claim._keepalive import AsyncKeepAlive, _Renewer
+    from goblin_claim._drivers.keepalive import AsyncKeepAlive, _Renewer
 
     def refuse(*_: object) -> None:
         raise RenewerDown("cannot start renewing")

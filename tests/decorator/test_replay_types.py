@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from goblin_claim import ResultNotSerializableError, idempotent
-from goblin_claim._envelope import _MAX_DEPTH, Codec, ResultEnvelope, _difference
+from goblin_claim._decorator.codec import Codec, ResultEnvelope
+from goblin_claim._decorator.replay import _MAX_DEPTH, _difference
 from tests.conftest import Backend, Deco, unique
 
 # Real servers on both paths: stock redis-server runs the scripts, the one with the

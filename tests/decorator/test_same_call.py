@@ -25,9 +25,11 @@ from typing import Any
 import pydantic
 import pytest
 
-from goblin_claim import Claim, InvalidArgumentError, InvalidArgumentTypeError, PayloadMismatchError, _core, idempotent
-from goblin_claim._envelope import FINGERPRINT_CHARS, _canonical, fingerprint_of, fingerprint_parameters
-from goblin_claim._idempotent import default_namespace, module_name_of_path
+from goblin_claim import Claim, InvalidArgumentError, InvalidArgumentTypeError, PayloadMismatchError, idempotent
+from goblin_claim._clients import kinds
+from goblin_claim._decorator.fingerprint import FINGERPRINT_CHARS, _canonical, fingerprint_of, fingerprint_parameters
+from goblin_claim._decorator.plan import default_namespace, module_name_of_path
+from goblin_claim._protocol import checks
 from goblin_claim.testing import fake_redis
 from tests.conftest import Deco
 
@@ -350,7 +352,7 @@ def test_fingerprint_tuple_is_checked_when_decorating(deco: Deco, bad: Any, erro
 STABLE_ARGUMENTS = """
 import datetime, decimal, enum, uuid
 import pydantic
-from goblin_claim._envelope import fingerprint_of, fingerprint_parameters
+from goblin_claim._decorator.fingerprint import fingerprint_of, fingerprint_parameters
 import inspect
 
 class Tier(enum.Enum):
@@ -551,7 +553,7 @@ def test_many_namespaces_keep_memory_bounded() -> None:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(300_000):
             Claim(client, "k", namespace=f"tenant-{i}")
-            assert len(_core._NAMESPACES_SEEN) <= _core.NAMESPACES_SEEN_MAX
+            assert len(checks._NAMESPACES_SEEN) <= checks.NAMESPACES_SEEN_MAX
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -565,10 +567,10 @@ def test_client_kinds_cache_is_bounded() -> None:
         return None
 
     methods = {"execute_command": execute_command, "evalsha": execute_command, "eval": execute_command}
-    for i in range(3 * _core.CLIENT_KINDS_MAX):
+    for i in range(3 * kinds.CLIENT_KINDS_MAX):
         client = type(f"Client{i}", (), methods)()
-        assert _core.client_kind(client) is False
-        assert len(_core._CLIENT_KINDS) <= _core.CLIENT_KINDS_MAX
+        assert kinds.client_kind(client) is False
+        assert len(kinds._CLIENT_KINDS) <= kinds.CLIENT_KINDS_MAX
 
 
 def test_time_fields_count_as_their_json() -> None:

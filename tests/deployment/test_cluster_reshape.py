@@ -36,8 +36,8 @@ from goblin_claim import (
     ServerUnavailableError,
     idempotent,
 )
-from goblin_claim._clients import raised_by_client
-from goblin_claim._server import pack, translate
+from goblin_claim._clients.errors import raised_by_client, translate
+from goblin_claim._clients.transport import pack
 from tests.conftest import IN_CI, Backend, aclose, glide_backend, unique, valkey_py_backend
 from tests.support import servers
 

@@ -34,8 +34,8 @@ from goblin_claim import (
     WrongTypeError,
     idempotent,
 )
+from goblin_claim._clients.errors import is_transient, translate
 from goblin_claim._errors import ServerUnavailableError
-from goblin_claim._server import is_transient, translate
 from tests.conftest import stored, unique
 from tests.support import servers
 from tests.support.proxy import FaultProxy

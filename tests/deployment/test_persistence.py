@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from goblin_claim import idempotent
-from goblin_claim._cli import doctor, min_replicas_finding, persistence_finding
+from goblin_claim._cli.doctor import doctor, min_replicas_finding, persistence_finding
 from tests.conftest import unique
 from tests.support import servers
 

@@ -51,7 +51,7 @@ from goblin_claim import (
     StillInFlightError,
     idempotent,
 )
-from goblin_claim._core import SCRIPTS
+from goblin_claim._protocol.scripts import SCRIPTS
 from tests.conftest import Runner, SyncView, record, stored, unique
 from tests.support import workers
 from tests.support.proxy import FaultProxy, Faults, proxy_nodes

@@ -23,8 +23,8 @@ import pytest
 import redis.asyncio
 
 from goblin_claim import AsyncClaim
-from goblin_claim._core import DONE_PREFIX
 from goblin_claim._http import make_options, request_fingerprint
+from goblin_claim._protocol.record import DONE_PREFIX
 from goblin_claim.asgi import IdempotencyMiddleware, Message, Scope
 from tests.conftest import unique
 from tests.support import servers

@@ -23,6 +23,7 @@ import pytest
 import redis
 import redis.asyncio
 
+import goblin_claim._drivers.http_aio
 import goblin_claim.asgi
 from goblin_claim import (
     AsyncClaim,
@@ -1209,7 +1210,7 @@ def test_claim_lost_mid_request_is_503_and_the_rivals_answer_stands() -> None:
 
 def test_a_store_that_keeps_failing_still_sends_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """complete() failing through the store window: the app's answer is sent, marked unstored (it ran)."""
-    monkeypatch.setattr(goblin_claim.asgi, "STORE_WINDOW", 0.1)
+    monkeypatch.setattr(goblin_claim._drivers.http_aio, "STORE_WINDOW", 0.1)
 
     async def fail(self: AsyncClaim, value: bytes | str) -> None:
         raise ConnectionFailedError("connection refused", key=self.key)

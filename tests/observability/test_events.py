@@ -31,7 +31,7 @@ from goblin_claim import (
     _events,
     idempotent,
 )
-from goblin_claim._server import state_of
+from goblin_claim._clients.transport import state_of
 from tests.conftest import unique
 from tests.support.servers import HOST, RedisProcess
 

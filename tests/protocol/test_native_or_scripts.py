@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, NativeUnavailableError
-from goblin_claim._core import NATIVE_COMMANDS, SCRIPTS
-from goblin_claim._server import state_of
+from goblin_claim._clients.transport import state_of
+from goblin_claim._protocol.scripts import NATIVE_COMMANDS, SCRIPTS
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique
 from tests.support.servers import RedisProcess

@@ -18,17 +18,10 @@ import redis
 import redis.asyncio
 import redis.cluster
 
-from goblin_claim import (
-    AsyncClaim,
-    Claim,
-    Claimed,
-    Completed,
-    InFlight,
-    ResultLostError,
-    WrongTypeError,
-)
-from goblin_claim._core import NATIVE_COMMANDS, build_keys
-from goblin_claim._server import state_of
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, ResultLostError, WrongTypeError
+from goblin_claim._clients.transport import state_of
+from goblin_claim._protocol.record import build_keys
+from goblin_claim._protocol.scripts import NATIVE_COMMANDS
 from tests.conftest import Driver, record, unique
 from tests.support import servers
 

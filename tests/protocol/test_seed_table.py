@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from goblin_claim import Claimed, Completed, InFlight, InvalidArgumentError, WrongTypeError
-from goblin_claim._core import CLAIM
+from goblin_claim._protocol.scripts import CLAIM
 from goblin_claim.testing import fake_redis
 from tests.conftest import ALL_BACKENDS, Driver
 

@@ -26,15 +26,9 @@ import redis.asyncio.retry
 import redis.retry
 from redis.backoff import NoBackoff
 
-from goblin_claim import (
-    AsyncClaim,
-    Claim,
-    Claimed,
-    ClaimLostError,
-    ConnectionFailedError,
-    WrongTypeError,
-)
-from goblin_claim._core import (
+from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, ConnectionFailedError, WrongTypeError
+from goblin_claim._clients.transport import state_of
+from goblin_claim._protocol.scripts import (
     DELEX,
     DELIFEQ,
     EXTEND,
@@ -44,7 +38,6 @@ from goblin_claim._core import (
     owner_check_command,
     with_owner_checks,
 )
-from goblin_claim._server import state_of
 from goblin_claim.testing import fake_redis
 from tests.conftest import IN_CI, Driver, Runner, SyncView, stored, unique
 from tests.support import servers

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from goblin_claim._core import EXTEND, RELEASE
+from goblin_claim._protocol.scripts import EXTEND, RELEASE
 from tests.support.protocol_model import Error, Model, Reply, error_kind
 
 __all__ = [

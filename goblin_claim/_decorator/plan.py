@@ -1,9 +1,4 @@
-"""``@idempotent``: run a function once per key; duplicates get the first result.
-
-``_Spec`` holds every decision (keys, fingerprints, encoding, what a stored value
-means); the I/O flow is written once, in ``_idempotent_sync.py``, and its asyncio
-twin ``_idempotent_async.py`` is generated from it (``tools/gen_async.py``).
-"""
+"""The plan of a decorated call: its key, fingerprint and settings, and every decision of its flow, with no I/O."""
 
 from __future__ import annotations
 
@@ -18,40 +13,11 @@ import types
 import typing
 import uuid
 from collections.abc import Callable, Coroutine
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
-from . import _idempotent_async, _idempotent_sync
-from ._async import AsyncClaim
-from ._core import (
-    ANY_CLIENT,
-    ASYNC_NEEDS,
-    DONE_PREFIX,
-    SYNC_NEEDS,
-    HandleT,
-    NativeMode,
-    WaitSchedule,
-    adapted,
-    check_namespace,
-    check_native,
-    check_replicas,
-    check_seconds,
-    check_timeout,
-    client_kind,
-    describe,
-    new_token,
-)
-from ._envelope import (
-    FINGERPRINT_CHARS,
-    OTHER,
-    Codec,
-    ErrorEnvelope,
-    FingerprintParameters,
-    UnstorableEnvelope,
-    fingerprint_of,
-    fingerprint_parameters,
-    replayed,
-)
-from ._errors import (
+from .._clients.families import adapt
+from .._clients.kinds import ANY_CLIENT, ASYNC_NEEDS, SYNC_NEEDS, client_kind
+from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     InvalidArgumentError,
@@ -60,12 +26,22 @@ from ._errors import (
     ResultNotSerializableError,
     StillInFlightError,
 )
-from ._sync import Claim
-
-__all__ = ["idempotent"]
+from .._handle import HandleT
+from .._protocol.checks import (
+    NativeMode,
+    check_namespace,
+    check_native,
+    check_replicas,
+    check_seconds,
+    check_timeout,
+    describe,
+)
+from .._protocol.record import DONE_PREFIX, new_token
+from .._protocol.timing import WaitSchedule
+from .codec import OTHER, Codec, ErrorEnvelope, UnstorableEnvelope, replayed
+from .fingerprint import FINGERPRINT_CHARS, FingerprintParameters, fingerprint_of, fingerprint_parameters
 
 P = ParamSpec("P")
-R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 
@@ -89,18 +65,6 @@ class AsyncIdempotentFunction(Protocol[P, R_co]):
         ...
 
 
-class Decorator(Protocol):
-    """What ``idempotent(...)`` returns: applied to a ``def`` or an ``async def``."""
-
-    @overload
-    def __call__(  # type: ignore[overload-overlap]  # a coroutine function is a callable too: first match wins
-        self, func: Callable[P, Coroutine[Any, Any, R]]
-    ) -> AsyncIdempotentFunction[P, R]: ...
-
-    @overload
-    def __call__(self, func: Callable[P, R]) -> IdempotentFunction[P, R]: ...
-
-
 class _DefaultFingerprint:
     """Marker for the default fingerprint: every argument but a method's self or cls, and those at their default."""
 
@@ -109,106 +73,6 @@ class _DefaultFingerprint:
 
 
 ALL_ARGUMENTS: Any = _DefaultFingerprint()
-
-
-def idempotent(
-    client: Any,
-    *,
-    key: Callable[..., str] | str,
-    lease: int = 30,
-    ttl: int = 86400,
-    wait: float = 10.0,
-    namespace: str | None = None,
-    fingerprint: Callable[..., str] | tuple[str, ...] | None = ALL_ARGUMENTS,
-    replay_errors: tuple[type[BaseException], ...] = (),
-    keep_alive: bool = True,
-    native: NativeMode = "auto",
-    replicas: int = 0,
-    replica_timeout_ms: int = 500,
-) -> Decorator:
-    """Run the decorated function once per key; every duplicate gets an equal result.
-
-    Works on ``def`` with a sync client (``redis.Redis``, ``RedisCluster``) and on
-    ``async def`` with an asyncio one. The first caller runs the function while a
-    keep-alive renews its lease, and stores the result as JSON (through pydantic,
-    typed by the return annotation) for ``ttl`` seconds. Duplicates get the stored
-    result back in one round trip; while the first call is in flight they wait up
-    to ``wait`` seconds, taking the work over if its lease lapses.
-
-    Args:
-        client: The redis-py client (sync for ``def``, asyncio for ``async def``), or a
-            function of no arguments returning it, called on the first call.
-        key: A function of the decorated function's own arguments returning the
-            idempotency key, or the name of a parameter holding it: a non-empty str,
-            an int or a UUID.
-        lease: Seconds a crashed caller's claim blocks the key.
-        ttl: Seconds a result is kept and replayed.
-        wait: Seconds a duplicate waits for in-flight work; ``0`` raises
-            ``StillInFlightError`` at once.
-        namespace: Key prefix; default ``<module>.<qualified name>`` of the
-            function, the module as ``import`` names it (also when run as a script),
-            so renaming or moving it starts afresh: pass a namespace to pin it.
-            Required for partials and callable objects.
-        fingerprint: What identifies "the same call": by default every argument
-            but a method's ``self``/``cls`` and those left at their default (secrets
-            and bytes by a hash of their value); a tuple of parameter names to count
-            only those; a function of the arguments returning a str; or ``None`` to
-            not compare. A different fingerprint under the same key raises
-            ``PayloadMismatchError``, in flight and after completion.
-        replay_errors: Exception types that are terminal outcomes: stored as data
-            (type, message, fields) and raised to duplicates as ``ReplayedError``.
-            Any other exception releases the claim, so a retry runs at once.
-        keep_alive: Renew the lease while the function runs (recommended).
-        native: As for ``Claim``: ``"auto"``, ``"never"`` or ``"always"``.
-        replicas: As for ``Claim``: wait for this many replicas to acknowledge the
-            claim and the stored result (``NotReplicatedError`` otherwise).
-        replica_timeout_ms: How long to wait for them.
-
-    Example::
-
-        @idempotent(client, key="order_id", ttl=86400)
-        def charge(order_id: str, amount: int) -> Receipt: ...
-
-    Once the function has returned, nothing runs it again: a result that cannot
-    be stored (it would not come back equal and of the same type) is kept as a
-    terminal ``ResultNotSerializableError`` for duplicates, the first caller's
-    carrying ``.result``. Generators and iterator results are refused.
-
-    Not guaranteed: a function whose claim is lost (its lease lapsed without
-    renewal and another caller took it) may have run twice; its late result raises
-    ``ClaimLostError`` and is not stored.
-    """
-
-    def decorate(func: Callable[..., Any]) -> Any:
-        spec = _Spec(
-            func, client, key, lease, ttl, wait, namespace, fingerprint, replay_errors, keep_alive, native,
-            replicas, replica_timeout_ms,
-        )  # fmt: skip
-        if spec.is_async:
-
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
-                return await _idempotent_async.call(spec, args, kwargs)
-
-            async def forget_async(*args: Any, **kwargs: Any) -> bool:
-                return await AsyncClaim(spec.client, spec.key_of(args, kwargs), namespace=spec.namespace).forget()
-
-            wrapped: Any = functools.wraps(func)(run_async)
-            wrapped.forget = forget_async
-            wrapped._goblin_spec = spec
-            return wrapped
-
-        def run_sync(*args: Any, **kwargs: Any) -> Any:
-            return _idempotent_sync.call(spec, args, kwargs)
-
-        def forget_sync(*args: Any, **kwargs: Any) -> bool:
-            return Claim(spec.client, spec.key_of(args, kwargs), namespace=spec.namespace).forget()
-
-        wrapped = functools.wraps(func)(run_sync)
-        wrapped.forget = forget_sync
-        wrapped._goblin_spec = spec  # for integrations that need the key before a call (goblin_claim._jobs)
-        return wrapped
-
-    return cast(Decorator, decorate)
 
 
 class _Call(NamedTuple):
@@ -248,7 +112,7 @@ class _Spec:
         self._client: Any = None
         self._client_factory: Callable[[], Any] | None = None
         self._client_lock = threading.Lock()
-        client = adapted(client)  # a GLIDE client: its adapter
+        client = adapt(client)  # a GLIDE client: its adapter
         if client_kind(client) is None and callable(client):
             # A factory, resolved on the first call: the client may not exist yet
             # when the module is imported (an application's start-up, a test's fixture).
@@ -326,7 +190,7 @@ class _Spec:
             with self._client_lock:
                 if self._client is None:
                     assert self._client_factory is not None
-                    made = adapted(self._client_factory())
+                    made = adapt(self._client_factory())
                     _check_client(self.name, made, self.is_async)
                     self._client = made
                 client = self._client

@@ -1,93 +1,84 @@
-"""``Claim``: the claim protocol over a sync redis-py client.
+# Generated from _drivers/sync.py by tools/gen_async.py: edit _drivers/sync.py, then run that script.
+"""``AsyncClaim``: the claim protocol over an asyncio redis-py client.
 
-The mirror of ``_async.py``, name for name; all decisions live in ``_core``.
+The mirror of ``_drivers/sync.py``, name for name; the decisions live in ``_handle`` and ``_protocol``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 
-from . import _events
-from ._clients import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, raised_by_client
-from ._cluster import is_redirect, node_round
-from ._core import (
-    EXTEND,
-    FORGET,
-    PEEK,
-    RELEASE,
-    SCRIPTS,
-    ClaimBase,
-    NativeMode,
-    Outcome,
-    Script,
-    Stored,
-    WaitSchedule,
-    adapted,
-    native_command,
-    owner_check,
-    owner_check_command,
-    script_command,
+from .. import _events
+from .._clients.cluster import is_redirect, node_round_async
+from .._clients.errors import failed_async, is_reshaping, raised_by_client, translate
+from .._clients.families import ASYNC_CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, adapt
+from .._clients.transport import (
+    ClientState,
+    Sends,
+    direct_pool,
+    reply_encoding,
+    run_meanwhile,
+    send_direct_async,
+    send_direct_many_async,
+    state_of,
+    to_the_end_async,
 )
-from ._errors import (
+from .._defaults import LEASE, TTL
+from .._errors import (
     ConnectionFailedError,
     GoblinClaimError,
     InvalidArgumentError,
     ServerUnavailableError,
     UnreadableResultError,
 )
-from ._keepalive import KeepAlive
-from ._outcomes import Claimed, Completed, InFlight
-from ._server import (
-    PROBE_ARGS,
-    PROBE_COMMAND,
-    ClientState,
-    Sends,
-    direct_pool,
-    failed,
-    is_out_of_memory,
-    is_reshaping,
-    is_unknown_command,
-    native_from_command_table,
-    native_from_probe,
-    owner_check_unusable,
-    reply_encoding,
-    run_meanwhile,
-    send_direct,
-    send_direct_many,
-    state_of,
-    to_the_end,
-    translate,
-    without_owner_check,
+from .._handle import ClaimBase, Stored
+from .._outcomes import Claimed, Completed, InFlight, Outcome
+from .._protocol.checks import NativeMode
+from .._protocol.probe import PROBE_ARGS, PROBE_COMMAND, native_from_command_table, native_from_probe
+from .._protocol.refusals import is_out_of_memory, is_unknown_command, owner_check_unusable, without_owner_check
+from .._protocol.scripts import (
+    EXTEND,
+    FORGET,
+    PEEK,
+    RELEASE,
+    SCRIPTS,
+    Script,
+    native_command,
+    owner_check,
+    owner_check_command,
+    script_command,
 )
-from ._wakeup import wake_kind, wakeups
+from .._protocol.timing import WaitSchedule
+from .keepalive import AsyncKeepAlive
+from .wakeup import async_wakeups, wake_kind
 
 if TYPE_CHECKING:
-    from redis import Redis
-    from redis.cluster import RedisCluster
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
-    SyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
+    AsyncClient = Union[Redis, RedisCluster]  # noqa: UP007 -- a run-time alias on 3.10
     Args = tuple[Union[str, bytes, int], ...]  # noqa: UP007 -- the arguments of one command
     # Bookkeeping a caller runs while a round trip is on the wire rather than after it.
     Meanwhile = Union[Callable[[], object], None]  # noqa: UP007
 
-__all__ = ["Claim"]
+__all__ = ["AsyncClaim"]
 
 T = TypeVar("T")
 
 
-class Claim(ClaimBase["SyncClient"]):
-    """One idempotency key, claimed by one token, over a sync redis-py client.
+class AsyncClaim(ClaimBase["AsyncClient"]):
+    """One idempotency key, claimed by one token, over an asyncio redis-py client.
 
     A handle is cheap: make one per request. Its methods are owner-checked: they
     act only while this handle's token holds the claim.
 
     Args:
-        client: A ``redis.Redis`` or ``redis.cluster.RedisCluster`` (or valkey-py's
-            ``valkey.Valkey`` / ``valkey.cluster.ValkeyCluster``), with or without
+        client: A ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` (or
+            valkey-py's ``valkey.asyncio.Valkey`` / ``valkey.asyncio.cluster.ValkeyCluster``), with or without
             ``decode_responses``.
         key: The idempotency key (any non-empty str).
         lease: Seconds the claim is held before a crashed owner's work reopens.
@@ -110,14 +101,14 @@ class Claim(ClaimBase["SyncClient"]):
 
     Example::
 
-        claim = Claim(redis.Redis(), "evt88", lease=30)
-        match claim.acquire():
+        claim = AsyncClaim(redis.asyncio.Redis(), "evt88", lease=30)
+        match await claim.acquire():
             case Claimed():
-                claim.complete(charge_card())
+                await claim.complete(await charge_card())
             case Completed(value=value):
                 reply(value)
             case InFlight():
-                reply(claim.wait(timeout=10).value)
+                reply((await claim.wait(timeout=10)).value)
 
     Not guaranteed: a claim written to a primary that fails over before it
     replicated can be lost, and a second caller may then run the work too.
@@ -128,17 +119,17 @@ class Claim(ClaimBase["SyncClient"]):
     @classmethod
     def from_keys(
         cls,
-        client: SyncClient,
+        client: AsyncClient,
         claim_key: str,
         result_key: str,
         *,
-        lease: int = 30,
-        ttl: int = 86400,
+        lease: int = LEASE,
+        ttl: int = TTL,
         token: str | None = None,
         native: NativeMode = "auto",
         replicas: int = 0,
         replica_timeout_ms: int = 500,
-    ) -> Claim:
+    ) -> AsyncClaim:
         """A handle on two exact keys, to share them with users of the raw protocol.
 
         On a cluster the two keys must hash to one slot (give them one hash tag).
@@ -150,9 +141,9 @@ class Claim(ClaimBase["SyncClient"]):
 
     @classmethod
     @_events.observe_batch
-    def acquire_many(
-        cls, client: SyncClient, keys: Iterable[str], **options: Any
-    ) -> list[tuple[Claim, Claimed | Completed | InFlight | GoblinClaimError]]:
+    async def acquire_many(
+        cls, client: AsyncClient, keys: Iterable[str], **options: Any
+    ) -> list[tuple[AsyncClaim, Claimed | Completed | InFlight | GoblinClaimError]]:
         """Claim many keys in one pipelined round trip, for a consumer that pulls a batch.
 
         Each key gets a handle made with ``options`` (the constructor's keywords)
@@ -165,9 +156,9 @@ class Claim(ClaimBase["SyncClient"]):
 
         Example::
 
-            for claim, outcome in Claim.acquire_many(client, [m.id for m in messages], lease=60):
+            for claim, outcome in await AsyncClaim.acquire_many(client, [m.id for m in messages], lease=60):
                 if isinstance(outcome, Claimed):
-                    claim.complete(handle(claim.key))
+                    await claim.complete(await handle(claim.key))
 
         With ``replicas`` on a cluster, each node's claims go in a round of their
         own with its WAIT behind them (WAIT counts one connection's writes), and a
@@ -177,7 +168,7 @@ class Claim(ClaimBase["SyncClient"]):
             ConnectionFailedError: Redis could not be reached.
             InvalidArgumentError: Bad options (before any I/O).
         """
-        client = adapted(client)  # a GLIDE client: its adapter, which the handles hold too
+        client = adapt(client)  # a GLIDE client: its adapter, which the handles hold too
         handles = cls._many(client, keys, options)
         if not handles:
             return []
@@ -191,10 +182,10 @@ class Claim(ClaimBase["SyncClient"]):
         sent_at = time.monotonic()
         try:
             if not state.ready:
-                _prepare(client, state)
+                await _prepare(client, state)
             commands = [handle._claim_command(state.native) for handle in handles]
             routes = [handle.claim_key for handle in handles]
-            replies, acknowledged, resent = _round(client, commands, wait, routes)
+            replies, acknowledged, resent = await _round(client, commands, wait, routes)
             again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
             if again:
                 if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
@@ -205,7 +196,7 @@ class Claim(ClaimBase["SyncClient"]):
                 sources = [handles[i]._claim_command(state.native, source=True) for i in again]
                 # The EVAL round wrote too (the first one's refused claims ran nothing): its own WAIT.
                 # The EVAL round's own re-sends are not counted: the claims in it ran nothing before.
-                sourced, waited, _ = _round(client, sources, wait, [routes[i] for i in again])
+                sourced, waited, _ = await _round(client, sources, wait, [routes[i] for i in again])
                 for i, reply, count in zip(again, sourced, waited, strict=True):
                     replies[i], acknowledged[i] = reply, count
             nils = [i for i, reply in enumerate(replies) if handles[i]._needs_peek(reply)]
@@ -213,12 +204,12 @@ class Claim(ClaimBase["SyncClient"]):
                 # GOBLIN.CLAIM's nil (a holder's token, on one key): one read of each holder and
                 # result tells the outcomes apart.
                 peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
-                for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
+                for i, holder in zip(nils, await _pipelined(client, peeks), strict=True):
                     replies[i] = holder
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            error = failed(client, exc, first.key, f"a batch of {len(handles)} claims")
+            error = await failed_async(client, exc, first.key, f"a batch of {len(handles)} claims")
             if isinstance(error, ConnectionFailedError):
                 for handle in handles:
                     handle._claim_unknown(sent_at)  # each claim may have been taken
@@ -227,7 +218,7 @@ class Claim(ClaimBase["SyncClient"]):
             # Interrupted (a cancelled task) while claims were on the wire: any of them
             # may have been taken with its reply lost. Give them back.
             for handle in handles:
-                handle._give_back()
+                await handle._give_back()
             raise
         now = time.monotonic()
         outcomes = [
@@ -236,11 +227,11 @@ class Claim(ClaimBase["SyncClient"]):
         ]
         for i, reply in enumerate(replies):
             if is_reshaping(reply):  # its slot is moving: claimed alone, while the lease lasts
-                outcomes[i] = (handles[i], handles[i]._acquire_alone())
+                outcomes[i] = (handles[i], await handles[i]._acquire_alone())
         return outcomes
 
     @_events.observe("acquire")
-    def acquire(self) -> Claimed | Completed | InFlight:
+    async def acquire(self) -> Claimed | Completed | InFlight:
         """Try to claim the work, in one round trip.
 
         Safe to send twice: when this handle's own claim already holds the key
@@ -263,20 +254,20 @@ class Claim(ClaimBase["SyncClient"]):
             NotReplicatedError: With ``replicas``: claimed, or a stored result read back,
                 but not acknowledged in time.
         """
-        return self._acquire(None)
+        return await self._acquire(None)
 
-    def _acquire_alone(self) -> Outcome | GoblinClaimError:
+    async def _acquire_alone(self) -> Outcome | GoblinClaimError:
         """``acquire()`` for one key of a batch, its failure in its outcome's place."""
         try:
-            return self._acquire(None)
+            return await self._acquire(None)
         except GoblinClaimError as exc:
             return exc
 
     @overload
-    def _acquire(self, meanwhile: Meanwhile, bare: Literal[False] = ...) -> Claimed | Completed | InFlight: ...
+    async def _acquire(self, meanwhile: Meanwhile, bare: Literal[False] = ...) -> Claimed | Completed | InFlight: ...
     @overload
-    def _acquire(self, meanwhile: Meanwhile, bare: bool) -> Claimed | Completed | InFlight | Stored: ...
-    def _acquire(self, meanwhile: Meanwhile, bare: bool = False) -> Claimed | Completed | InFlight | Stored:
+    async def _acquire(self, meanwhile: Meanwhile, bare: bool) -> Claimed | Completed | InFlight | Stored: ...
+    async def _acquire(self, meanwhile: Meanwhile, bare: bool = False) -> Claimed | Completed | InFlight | Stored:
         """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire.
 
         ``bare``: a completed record comes back as ``Stored``, its value alone.
@@ -287,9 +278,9 @@ class Claim(ClaimBase["SyncClient"]):
         sent_at = time.monotonic()
         try:
             if self._replicas:
-                reply, acknowledged = self._call_and_wait(script, args, self.result_key, sends)
+                reply, acknowledged = await self._call_and_wait(script, args, self.result_key, sends)
             else:
-                reply = self._call(script, args, self.result_key, meanwhile=meanwhile, sends=sends)
+                reply = await self._call(script, args, self.result_key, meanwhile=meanwhile, sends=sends)
         except ConnectionFailedError:
             self._claim_unknown(sent_at)  # it may have taken the claim: the next one is a re-send
             raise
@@ -298,13 +289,13 @@ class Claim(ClaimBase["SyncClient"]):
         except BaseException:
             # Interrupted (a cancelled task) while the claim was on the wire: it may have
             # been taken with its reply lost, and nobody would hold it for the whole lease.
-            self._give_back()
+            await self._give_back()
             raise
         if self._needs_peek(reply):
             # GOBLIN.CLAIM answers nil (a holder's token, on one key) both in flight and to a
             # re-send of our own claim (or a lost result); one read of holder and result,
             # together, tells them apart.
-            reply = self._peek()
+            reply = await self._peek()
         if bare and (stored := self._stored_of(reply, acknowledged)) is not None:
             return stored
         resent = sends.count > 1
@@ -314,7 +305,7 @@ class Claim(ClaimBase["SyncClient"]):
         return outcome
 
     @_events.observe("complete")
-    def complete(self, value: bytes | str) -> None:
+    async def complete(self, value: bytes | str) -> None:
         """Store the work's result for ``ttl`` seconds and mark the work done.
 
         Owner-checked and atomic: the result is written only while this token
@@ -338,19 +329,19 @@ class Claim(ClaimBase["SyncClient"]):
                 claiming since cannot be shown; nothing written.
             NotReplicatedError: With ``replicas``: stored, but not acknowledged in time.
         """
-        self._complete(value, None)
+        await self._complete(value, None)
 
-    def _complete(self, value: bytes | str, meanwhile: Meanwhile) -> None:
+    async def _complete(self, value: bytes | str, meanwhile: Meanwhile) -> None:
         """``complete()``, running ``meanwhile`` (at most once) while the write is on the wire."""
         script, args = self._complete_call(value, *reply_encoding(self._client), wake_kind(self._client))
         if self._replicas:
-            self._completed(*self._call_and_wait(script, args, self._both_keys))
+            self._completed(*await self._call_and_wait(script, args, self._both_keys))
         else:
-            self._completed(self._call(script, args, self._both_keys, meanwhile=meanwhile))
+            self._completed(await self._call(script, args, self._both_keys, meanwhile=meanwhile))
         self._let_go()
 
     @_events.observe("extend")
-    def extend(self, lease: int | None = None) -> None:
+    async def extend(self, lease: int | None = None) -> None:
         """Renew the lease to ``lease`` seconds from now (default: the handle's lease).
 
         Owner-checked: ``SET claim_key token IFEQ token EX lease`` where the server
@@ -360,19 +351,19 @@ class Claim(ClaimBase["SyncClient"]):
         Raises:
             ClaimLostError: The claim lapsed or was already completed.
         """
-        self._extend(lease)
+        await self._extend(lease)
 
-    def _extend(self, lease: int | None, persist: bool = True) -> None:
+    async def _extend(self, lease: int | None, persist: bool = True) -> None:
         """``extend()``; ``persist=False`` sends it once, slot moving or not (a keep-alive retries on its own clock)."""
         seconds = self._extend_lease(lease)
         sent_at = time.monotonic()
-        if not self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key, persist=persist):
+        if not await self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key, persist=persist):
             self._let_go()
             raise self._lost("extend")
         self._extended(sent_at, seconds)
 
     @_events.observe("release")
-    def release(self) -> bool:
+    async def release(self) -> bool:
         """Give the claim up so the work can run again at once.
 
         Owner-checked: ``DELIFEQ`` (or ``DELEX ... IFEQ``) where the server has it
@@ -390,10 +381,10 @@ class Claim(ClaimBase["SyncClient"]):
         self._let_go()  # first: held or not, this handle no longer counts on the claim being its own
         wake = wake_kind(self._client)
         announce = (wake, self.claim_key, "free")
-        return bool(self._call(RELEASE, args, self.claim_key, script_only=(wake,), announce=announce))
+        return bool(await self._call(RELEASE, args, self.claim_key, script_only=(wake,), announce=announce))
 
     @classmethod
-    def release_many(cls, client: SyncClient, handles: Iterable[Claim]) -> list[bool]:
+    async def release_many(cls, client: AsyncClient, handles: Iterable[AsyncClaim]) -> list[bool]:
         """Give many claims back in one pipelined round trip, such as a batch's unstarted messages.
 
         Each claim is deleted only while its own handle's token holds it (DELIFEQ or
@@ -423,7 +414,7 @@ class Claim(ClaimBase["SyncClient"]):
                 of the batch were released).
         """
         handles = list(handles)
-        client = adapted(client)  # the handles of a GLIDE client hold its adapter
+        client = adapt(client)  # the handles of a GLIDE client hold its adapter
         for handle in handles:
             if handle._client is not client:
                 raise InvalidArgumentError("release_many() needs handles made on its client", key=handle.key)
@@ -436,7 +427,7 @@ class Claim(ClaimBase["SyncClient"]):
             handle._let_go()  # first, as in release(): held or not, it no longer counts on its claim
         try:
             if not state.ready:
-                _prepare(client, state)
+                await _prepare(client, state)
             checks = [owner_check(handle._native, state.native, RELEASE) for handle in handles]
             commands: list[Args] = []
             at: list[int] = []  # where each handle's reply sits among the pipeline's
@@ -453,7 +444,7 @@ class Claim(ClaimBase["SyncClient"]):
                     continue
                 # A native delete announces nothing: its announcement goes right behind it.
                 commands.append((wake, handle.claim_key, "free"))
-            pipelined = _pipelined(client, commands)
+            pipelined = await _pipelined(client, commands)
             replies = [pipelined[i] for i in at]
             again = [
                 i
@@ -471,28 +462,28 @@ class Claim(ClaimBase["SyncClient"]):
                 sources = [
                     script_command(RELEASE, (handles[i].claim_key, handles[i].token, wake), source=True) for i in again
                 ]
-                resent = _pipelined(client, sources)
+                resent = await _pipelined(client, sources)
                 for i, reply in zip(again, resent, strict=True):
                     replies[i] = reply
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            raise failed(client, exc, first.key, f"a batch of {len(handles)} releases") from exc
+            raise await failed_async(client, exc, first.key, f"a batch of {len(handles)} releases") from exc
         for i, reply in enumerate(replies):
             if is_reshaping(reply):  # its slot is moving: released alone, while the lease lasts
-                replies[i] = handles[i].release()
+                replies[i] = await handles[i].release()
         for handle, reply in zip(handles, replies, strict=True):
             if isinstance(reply, ERRORS):
                 raise translate(reply, handle.key, handle.claim_key) from reply
         return [bool(reply) for reply in replies]
 
-    def _give_back(self) -> None:
+    async def _give_back(self) -> None:
         """Release quietly, to the end: after an interruption this handle may hold a claim it never heard of."""
         with contextlib.suppress(GoblinClaimError):  # unreachable: the claim frees itself after its lease
-            to_the_end(self.release())
+            await to_the_end_async(self.release())
 
     @_events.observe("forget")
-    def forget(self) -> bool:
+    async def forget(self) -> bool:
         """Delete the claim and the result, whoever holds them, in one atomic step.
 
         For operators: it reopens the key, so the next caller runs the work again
@@ -506,10 +497,10 @@ class Claim(ClaimBase["SyncClient"]):
         """
         args = (self.claim_key, self.result_key, wake_kind(self._client))
         self._let_go()
-        return bool(self._call(FORGET, args, self._both_keys))
+        return bool(await self._call(FORGET, args, self._both_keys))
 
     @_events.observe("wait")
-    def wait(self, timeout: float = 10.0) -> Claimed | Completed:
+    async def wait(self, timeout: float = 10.0) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
 
         Sleeps with exponential backoff and full jitter between attempts, up to a
@@ -531,7 +522,7 @@ class Claim(ClaimBase["SyncClient"]):
         schedule.start(time.monotonic())
         # complete(), release() and forget() announce on the claim key's channel:
         # a wake-up cuts the sleep short. Polling stays, as the fallback and the guard.
-        subscriber = wakeups(self._client)
+        subscriber = async_wakeups(self._client)
         woken = subscriber.watch(self.claim_key) if subscriber is not None else None
         try:
             while True:
@@ -539,7 +530,7 @@ class Claim(ClaimBase["SyncClient"]):
                     woken.clear()
                 failure = None
                 try:
-                    outcome = self._acquire(None)  # its attempts are the wait's, not acquire events of their own
+                    outcome = await self._acquire(None)  # its attempts are the wait's, not acquire events of their own
                 except ConnectionFailedError as exc:
                     failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
                 else:
@@ -548,14 +539,14 @@ class Claim(ClaimBase["SyncClient"]):
                 delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
                 if delay is None:
                     raise failure or schedule.expired()
-                _sleep(woken, delay)
+                await _sleep(woken, delay)
                 if _events.enabled:
                     _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
         finally:
             if subscriber is not None and woken is not None:
-                subscriber.unwatch(self.claim_key, woken)
+                await subscriber.unwatch(self.claim_key, woken)
 
-    def keep_alive(self, interval: float | None = None) -> KeepAlive:
+    def keep_alive(self, interval: float | None = None) -> AsyncKeepAlive:
         """Renew the lease in the background while a block runs.
 
         Renews every ``interval`` seconds (default: a third of the lease) from a
@@ -566,19 +557,19 @@ class Claim(ClaimBase["SyncClient"]):
 
         Example::
 
-            with claim.keep_alive():
-                result = long_work()
-            claim.complete(result)
+            async with claim.keep_alive():
+                result = await long_work()
+            await claim.complete(result)
         """
-        return KeepAlive(self, interval)
+        return AsyncKeepAlive(self, interval)
 
-    def _peek(self) -> object:
+    async def _peek(self) -> object:
         """What claim.lua would answer without claiming: the stored value, else the holder."""
-        return self._call(PEEK, (self.claim_key, self.result_key), self._both_keys)
+        return await self._call(PEEK, (self.claim_key, self.result_key), self._both_keys)
 
     # -- the round trips
 
-    def _persisting(self, attempt: Callable[[bool], T], persist: bool = True) -> T:
+    async def _persisting(self, attempt: Callable[[bool], Awaitable[T]], persist: bool = True) -> T:
         """``attempt(first)``, sent again while a cluster moves the key's slot, for up to ``lease`` seconds.
 
         A slot migrating key by key (``TRYAGAIN``), a redirection not followed, a
@@ -591,7 +582,7 @@ class Claim(ClaimBase["SyncClient"]):
         first = True
         while True:
             try:
-                return attempt(first)
+                return await attempt(first)
             except ServerUnavailableError as exc:
                 if not persist or not is_reshaping(exc.__cause__):
                     raise
@@ -602,9 +593,9 @@ class Claim(ClaimBase["SyncClient"]):
                 if delay is None:
                     raise
             first = False
-            _sleep(None, delay)
+            await _sleep(None, delay)
 
-    def _call(
+    async def _call(
         self,
         script: Script,
         args: Args,
@@ -616,14 +607,14 @@ class Claim(ClaimBase["SyncClient"]):
         persist: bool = True,
     ) -> object:
         """One round trip (``_call_once``), sent again while the cluster moves the key's slot (``_persisting``)."""
-        return self._persisting(
+        return await self._persisting(
             lambda first: self._call_once(
                 script, args, keys, script_only, meanwhile if first else None, sends, announce
             ),
             persist,
         )
 
-    def _call_once(
+    async def _call_once(
         self,
         script: Script,
         args: Args,
@@ -645,15 +636,15 @@ class Claim(ClaimBase["SyncClient"]):
         state = state_of(client)
         try:
             if not state.ready:
-                _prepare(client, state)
+                await _prepare(client, state)
             native = native_command(self._native, state.native, script, self.key)
             check = owner_check(self._native, state.native, script)
             command = owner_check_command(check, args) if check else (native, *args) if native else None
             if command is not None:
                 try:
                     if announce is None:
-                        return _send(client, state.direct, command, meanwhile, sends)
-                    return _announcing(client, command, announce)
+                        return await _send(client, state.direct, command, meanwhile, sends)
+                    return await _announcing(client, command, announce)
                 except (*RESPONSE_ERRORS, *CLUSTER_ERRORS) as exc:
                     if check is not None:
                         if owner_check_unusable(exc) and state.native is not None:
@@ -671,63 +662,63 @@ class Claim(ClaimBase["SyncClient"]):
                     _unrun(sends)
             args += script_only
             try:
-                return _send(client, state.direct, script_command(script, args), meanwhile, sends)
+                return await _send(client, state.direct, script_command(script, args), meanwhile, sends)
             except NO_SCRIPT:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
                 _unrun(sends)
                 _events.notice(self, "script_reload", "reloaded")
-                return _send(client, state.direct, script_command(script, args, source=True), sends=sends)
+                return await _send(client, state.direct, script_command(script, args, source=True), sends=sends)
         except UnicodeDecodeError as exc:
             # A decode_responses client reading bytes someone else stored.
             raise UnreadableResultError(f"{keys} holds bytes this client cannot decode: {exc}", key=self.key) from exc
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            raise failed(client, exc, self.key, keys) from exc
+            raise await failed_async(client, exc, self.key, keys) from exc
 
-    def _call_and_wait(
+    async def _call_and_wait(
         self, script: Script, args: Args, keys: str, sends: Sends | None = None
     ) -> tuple[object, int]:  # fmt: skip
         """``_call_and_wait_once``, sent again while the cluster moves the key's slot (``_persisting``)."""
-        return self._persisting(lambda _: self._call_and_wait_once(script, args, keys, sends))
+        return await self._persisting(lambda _: self._call_and_wait_once(script, args, keys, sends))
 
-    def _call_and_wait_once(
+    async def _call_and_wait_once(
         self, script: Script, args: Args, keys: str, sends: Sends | None
     ) -> tuple[object, int]:  # fmt: skip
         """Run ``script`` and ``WAIT replicas timeout`` on one connection, in one round trip.
 
         Always the script: the reply and the WAIT must come from the same connection.
         On a cluster that is a connection to the key's primary, followed through
-        ``MOVED`` and ``ASK`` (``_cluster``); ``sends`` then counts the sends that
+        ``MOVED`` and ``ASK`` (``_clients.cluster``); ``sends`` then counts the sends that
         may have run (see ``_call``).
         """
         client = self._client
         state = state_of(client)
         try:
             if not state.ready:
-                _prepare(client, state)
+                await _prepare(client, state)
             wait = ("WAIT", self._replicas, self._replica_timeout_ms)
             command = script_command(script, args)
-            reply, acknowledged = _waited(client, self.claim_key, [command, wait], sends)
+            reply, acknowledged = await _waited(client, self.claim_key, [command, wait], sends)
             if isinstance(reply, NO_SCRIPT):
                 # Nothing ran, so nothing was waited for: both again, with the source.
                 _unrun(sends)
                 _events.notice(self, "script_reload", "reloaded")
                 command = script_command(script, args, source=True)
-                reply, acknowledged = _waited(client, self.claim_key, [command, wait], sends)
+                reply, acknowledged = await _waited(client, self.claim_key, [command, wait], sends)
             for item in (reply, acknowledged):
                 if isinstance(item, Exception):
                     raise item
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            raise failed(client, exc, self.key, keys) from exc
+            raise await failed_async(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
 
 
-def _send(
-    client: SyncClient, pool: Any, command: Args, meanwhile: Meanwhile = None, sends: Sends | None = None
+async def _send(
+    client: AsyncClient, pool: Any, command: Args, meanwhile: Meanwhile = None, sends: Sends | None = None
 ) -> object:
     """One command's raw reply: straight through the pool where ``direct_pool`` allowed it.
 
@@ -739,17 +730,17 @@ def _send(
         if sends is not None:
             sends.count += 1  # redis-py's re-sends, if any, are invisible from here
         # redis-py leaves execute_command untyped on some clients.
-        return client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
-    return send_direct(pool, command, meanwhile, sends)
+        return await client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
+    return await send_direct_async(pool, command, meanwhile, sends)
 
 
-def _announcing(client: SyncClient, command: Args, announce: Args) -> object:
+async def _announcing(client: AsyncClient, command: Args, announce: Args) -> object:
     """``command`` with ``announce`` pipelined behind it, in one round trip: ``command``'s reply.
 
     Its error reply is raised; the announcement's (an ACL without pub/sub) is
     ignored: waiters poll without it.
     """
-    reply, _announced = _pipelined(client, [command, announce])
+    reply, _announced = await _pipelined(client, [command, announce])
     if isinstance(reply, BaseException):
         raise reply
     return reply
@@ -761,25 +752,33 @@ def _unrun(sends: Sends | None) -> None:
         sends.count -= 1
 
 
-def _sleep(woken: threading.Event | None, delay: float) -> None:
-    """Sleep ``delay`` seconds, or until ``woken`` is set."""
+async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
+    """Sleep ``delay`` seconds, or until ``woken`` is set.
+
+    ``asyncio.wait``, not ``wait_for``: before Python 3.12 a ``wait_for`` whose inner
+    wait finishes just as the caller is cancelled returns, and the cancellation is lost.
+    """
     if woken is None:
-        time.sleep(delay)
+        await asyncio.sleep(delay)
     else:
-        woken.wait(delay)
+        waiter = asyncio.ensure_future(woken.wait())
+        try:
+            await asyncio.wait((waiter,), timeout=delay)
+        finally:
+            waiter.cancel()
 
 
-def _waited(client: SyncClient, key: str, commands: Sequence[Args], sends: Sends | None = None) -> list[object]:
+async def _waited(client: AsyncClient, key: str, commands: Sequence[Args], sends: Sends | None = None) -> list[object]:
     """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary."""
-    if isinstance(client, CLUSTERS):
-        replies = node_round(client, key, commands, sends)
+    if isinstance(client, ASYNC_CLUSTERS):
+        replies = await node_round_async(client, key, commands, sends)
     else:
-        replies = _pipelined(client, commands, pipe=client.pipeline(transaction=False))
+        replies = await _pipelined(client, commands, pipe=client.pipeline(transaction=False))
     return replies
 
 
-def _round(
-    client: SyncClient, commands: Sequence[Args], wait: Args | None, routes: Sequence[str]
+async def _round(
+    client: AsyncClient, commands: Sequence[Args], wait: Args | None, routes: Sequence[str]
 ) -> tuple[list[object], list[int | None], list[bool]]:
     """One pipelined round of a batch, with ``wait`` (a WAIT) behind it if given.
 
@@ -790,10 +789,10 @@ def _round(
     its WAIT; a command redirected there (its slot moved) goes again alone, on the
     new owner.
     """
-    if wait is not None and isinstance(client, CLUSTERS):
-        return _node_rounds(client, commands, wait, routes)
+    if wait is not None and isinstance(client, ASYNC_CLUSTERS):
+        return await _node_rounds(client, commands, wait, routes)
     sends = Sends()
-    replies = _pipelined(client, commands if wait is None else [*commands, wait], sends=sends)
+    replies = await _pipelined(client, commands if wait is None else [*commands, wait], sends=sends)
     resent = [sends.count > 1] * len(commands)
     if wait is None:
         return replies, [None] * len(commands), resent
@@ -803,8 +802,8 @@ def _round(
     return replies, [int(waited)] * len(commands), resent  # type: ignore[call-overload]  # WAIT replies an int
 
 
-def _node_rounds(
-    client: SyncClient, commands: Sequence[Args], wait: Args, routes: Sequence[str]
+async def _node_rounds(
+    client: AsyncClient, commands: Sequence[Args], wait: Args, routes: Sequence[str]
 ) -> tuple[list[object], list[int | None], list[bool]]:
     """``_round`` on a cluster with a WAIT: a round per node, each command's slot followed."""
     nodes: dict[str, list[int]] = {}
@@ -819,7 +818,7 @@ def _node_rounds(
         group, alone = pending.pop()
         sends = Sends()
         sent = [*(commands[i] for i in group), wait]
-        got = node_round(client, routes[group[0]], sent, sends, follow=alone)
+        got = await node_round_async(client, routes[group[0]], sent, sends, follow=alone)
         waited = got.pop()
         ran = []
         for i, reply in zip(group, got, strict=True):
@@ -836,8 +835,8 @@ def _node_rounds(
     return replies, acknowledged, resent
 
 
-def _pipelined(
-    client: SyncClient, commands: Sequence[Args], pipe: Any = None, sends: Sends | None = None
+async def _pipelined(
+    client: AsyncClient, commands: Sequence[Args], pipe: Any = None, sends: Sends | None = None
 ) -> list[object]:
     """Send ``commands`` in one pipeline (grouped by node on a cluster); errors come back as values.
 
@@ -848,11 +847,11 @@ def _pipelined(
     if pipe is None:
         pool = state_of(client).direct
         if pool is not None:
-            return send_direct_many(pool, commands, sends)
+            return await send_direct_many_async(pool, commands, sends)
         pipe = client.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
-    replies: list[object] = pipe.execute(raise_on_error=False)
+    replies: list[object] = await pipe.execute(raise_on_error=False)
     return replies
 
 
@@ -886,7 +885,7 @@ def _needs_script(reply: object, mode: NativeMode) -> bool:
 
 
 def _batch_outcome(
-    handle: Claim, reply: object, acknowledged: int | None, sent_at: float, now: float, resent: bool
+    handle: AsyncClaim, reply: object, acknowledged: int | None, sent_at: float, now: float, resent: bool
 ) -> Outcome | GoblinClaimError:
     if isinstance(reply, ERRORS):
         return translate(reply, handle.key, handle.result_key)
@@ -897,26 +896,27 @@ def _batch_outcome(
         return exc
 
 
-def _prepare(client: SyncClient, state: ClientState) -> None:
+async def _prepare(client: AsyncClient, state: ClientState) -> None:
     """Probe for the native commands and SCRIPT LOAD the scripts, once per client."""
-    with state.sync_lock:
+    async with state.async_lock:
         if state.ready:
             return
-        if isinstance(client, CLUSTERS):
+        if isinstance(client, ASYNC_CLUSTERS):
             # The cluster client refuses commands missing from the table it loaded
             # at start, so that table is what decides; SCRIPT LOAD reaches every primary.
+            await client.initialize()  # loads the command table on first use
             state.native = native_from_command_table(client.commands_parser.commands)
             for script in SCRIPTS:
                 # An ACL without +script refuses this; EVAL then recovers on first use.
                 with contextlib.suppress(*RESPONSE_ERRORS):
-                    client.script_load(script.source)
+                    await client.script_load(script.source)
         else:
             pipe = client.pipeline(transaction=False)
             pipe.execute_command(PROBE_COMMAND, *PROBE_ARGS)  # type: ignore[no-untyped-call, unused-ignore]
             for script in SCRIPTS:
                 pipe.script_load(script.source)
             # One round trip; an error entry (NOPERM for the probe) is data here.
-            replies = pipe.execute(raise_on_error=False)
+            replies = await pipe.execute(raise_on_error=False)
             state.native = native_from_probe(replies[0])
         state.direct = direct_pool(client)
         state.ready = True

@@ -23,9 +23,9 @@ import time
 import weakref
 from typing import Any
 
-from . import _events
-from ._clients import ASYNC_CLUSTERS, CLUSTERS, NO_PERMISSION, RESPONSE_ERRORS
-from ._server import state_of
+from .. import _events
+from .._clients.families import ASYNC_CLUSTERS, CLUSTERS, NO_PERMISSION, RESPONSE_ERRORS
+from .._clients.transport import state_of
 
 __all__ = ["AsyncWakeups", "Wakeups", "async_wakeups", "wake_kind", "wakeups"]
 

@@ -60,24 +60,18 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Union
 
-from . import _events
-from ._clients import ASYNC_CLUSTERS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
-from ._core import (
-    EXTEND,
-    SET_IFEQ,
-    lease_margin,
-    owner_check,
-    owner_check_command,
-    renew_interval,
-    retry_delay,
-    script_command,
-)
-from ._errors import ClaimLostError, GoblinClaimError
-from ._server import failed, failed_async, is_out_of_memory, owner_check_unusable, state_of, translate
+from .. import _events
+from .._clients.errors import failed, failed_async, translate
+from .._clients.families import ASYNC_CLUSTERS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
+from .._clients.transport import state_of
+from .._errors import ClaimLostError, GoblinClaimError
+from .._protocol.refusals import is_out_of_memory, owner_check_unusable
+from .._protocol.scripts import EXTEND, SET_IFEQ, owner_check, owner_check_command, script_command
+from .._protocol.timing import lease_margin, renew_interval, retry_delay
 
 if TYPE_CHECKING:
-    from ._async import AsyncClaim
-    from ._sync import Claim
+    from .aio import AsyncClaim
+    from .sync import Claim
 
     # What one renewal came to: renewed (True), not held (False), or a failure.
     Outcome = Union[bool, GoblinClaimError]  # noqa: UP007 -- a run-time alias on 3.10

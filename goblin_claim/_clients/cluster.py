@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._clients import CONNECTION_ERRORS, RESPONSE_ERRORS, make_node_client
-from ._server import Sends, packed_commands, read_replies, send_direct_many, state_of
+from .families import CONNECTION_ERRORS, RESPONSE_ERRORS, make_node_client
+from .transport import Sends, packed_commands, read_replies, send_direct_many, state_of
 
 __all__ = ["is_redirect", "node_round", "node_round_async"]
 

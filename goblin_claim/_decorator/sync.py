@@ -1,7 +1,7 @@
 """The I/O flow of ``@idempotent`` on a ``def``, over ``Claim``.
 
-The source of ``_idempotent_async.py`` (``tools/gen_async.py`` makes it).
-Every decision lives in ``_idempotent._Spec``::
+The source of ``_decorator/aio.py`` (``tools/gen_async.py`` makes it).
+Every decision lives in ``plan._Spec``::
 
     acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
        │                                                 └─ raised: release (or store a replayable error)
@@ -20,9 +20,10 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _events
-from ._core import Stored
-from ._errors import (
+from .. import _events
+from .._clients.transport import to_the_end
+from .._drivers.sync import Claim
+from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
@@ -30,13 +31,12 @@ from ._errors import (
     ResultNotSerializableError,
     ServerError,
 )
-from ._outcomes import Completed, InFlight
-from ._server import to_the_end
-from ._sync import Claim
+from .._handle import Stored
+from .._outcomes import Completed, InFlight
 
 if TYPE_CHECKING:
-    from ._idempotent import _Call, _Spec
-    from ._keepalive import KeepAlive
+    from .._drivers.keepalive import KeepAlive
+    from .plan import _Call, _Spec
 
 __all__ = ["call"]
 

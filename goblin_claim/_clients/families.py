@@ -8,7 +8,7 @@ Three families of client reach the drivers:
   classes of its own;
 - GLIDE (``glide.GlideClient``, ``glide.GlideClusterClient``,
   ``glide_sync.GlideClient``), whose API is its own: ``adapt`` puts it behind the
-  small part of redis-py's API the drivers use (``goblin_claim._glide``).
+  small part of redis-py's API the drivers use (``goblin_claim._clients.glide``).
 
 The tuples here are what the drivers catch and test against, so one ``except``
 or ``isinstance`` serves every family. valkey-py is looked for once, at import;
@@ -24,27 +24,6 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions as _r
-
-__all__ = [
-    "ASYNC_CLIENTS",
-    "ASYNC_CLUSTERS",
-    "CLUSTERS",
-    "CLUSTER_ERRORS",
-    "CONNECTION_ERRORS",
-    "ERRORS",
-    "MAX_CONNECTIONS",
-    "NO_PERMISSION",
-    "NO_SCRIPT",
-    "RESPONSE_ERRORS",
-    "SLOT_MOVING",
-    "SYNC_CLIENTS",
-    "TRANSIENT_ERRORS",
-    "adapt",
-    "is_glide",
-    "make_node_client",
-    "node_client",
-    "raised_by_client",
-]
 
 
 def _family(*names: str) -> tuple[type[BaseException], ...]:
@@ -123,7 +102,7 @@ def adapt(client: Any) -> Any:
     native probe, the loaded scripts) is learned once.
     """
     if is_glide(client):
-        from ._glide import adapter_for
+        from .glide import adapter_for
 
         return adapter_for(client)
     return client
@@ -133,27 +112,3 @@ def adapt(client: Any) -> Any:
 # GLIDE) or this one.
 _CLIENT_PACKAGES = frozenset(("redis", "valkey", "glide", "glide_sync", "glide_shared"))
 _OWN_PACKAGE = __name__.partition(".")[0]
-
-
-def raised_by_client(exc: BaseException) -> bool:
-    """Whether ``exc`` came out of a client library rather than out of this package's own code.
-
-    One of the library's exception classes always does. Any other ``Exception``
-    does when the innermost frame it passed through, of the client's code and
-    ours, is the client's: redis-py 8.1's asyncio cluster client, closing a node's
-    connections while other tasks write on them, raises ``AttributeError``
-    (a writer already gone) from inside its connection. A bug of ours (its
-    innermost such frame is ours) is not a server's failure, and stays what it is.
-    """
-    if isinstance(exc, ERRORS):
-        return True
-    if not isinstance(exc, Exception):
-        return False
-    innermost = None
-    trace = exc.__traceback__
-    while trace is not None:
-        package = str(trace.tb_frame.f_globals.get("__name__", "")).partition(".")[0]
-        if package == _OWN_PACKAGE or package in _CLIENT_PACKAGES:
-            innermost = package
-        trace = trace.tb_next
-    return innermost is not None and innermost != _OWN_PACKAGE

@@ -48,8 +48,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._errors import InvalidArgumentError
-from ._server import PROBE_COMMAND
+from .._errors import InvalidArgumentError
+from .._protocol.probe import PROBE_COMMAND
 
 __all__ = ["AsyncGlideAdapter", "GlideAdapter", "adapter_for", "redis_error"]
 

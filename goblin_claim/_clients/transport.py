@@ -1,37 +1,15 @@
-"""What the sync and async drivers share about talking to a server.
-
-Per-client state (which native commands the server has, whether the scripts
-are loaded, which way commands go), reading the native probe's reply, the
-direct round trip, and the single place where client errors (redis-py's and
-valkey-py's) become goblin-claim errors. State lives per client instance in a
-weak map, never on a class, so two clients (two servers) never share it.
-
-The direct round trip: on a stock ``redis.Redis`` / ``redis.asyncio.Redis``, or
-valkey-py's ``valkey.Valkey`` / ``valkey.asyncio.Valkey``, the SDK's own
-commands take a connection from the client's pool, send, read and give it back,
-retried by the connection's ``Retry`` with a disconnect between tries, as
-``execute_command`` does (valkey-py's retries only the errors the connection
-lists in ``retry_on_error``, and so does this path there); what it leaves out is
-the per-command bookkeeping around that (metrics hooks that are off, argument
-filtering), which is most of the client's cost on a loopback round trip. Where
-that bookkeeping matters it is kept: a subclass or wrapper of
-``execute_command`` (OpenTelemetry's instrumentation, a test spy), redis-py's
-own observability switched on, valkey-py's client-side caching, a
-single-connection client, a cluster client or a redis-py older than 6 all get
-``execute_command`` for every command.
-"""
+"""Per-client state and the direct round trip: what the sync and asyncio drivers share about talking to a server."""
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import copy
 import math
 import re
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -39,19 +17,12 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection
 
-from ._clients import (
+from .._protocol.scripts import SCRIPTS
+from .families import (
     ASYNC_CLIENTS,
-    CLUSTER_ERRORS,
-    CONNECTION_ERRORS,
-    ERRORS,
-    MAX_CONNECTIONS,
     RESPONSE_ERRORS,
-    SLOT_MOVING,
     SYNC_CLIENTS,
-    TRANSIENT_ERRORS,
 )
-from ._core import PROBED_COMMANDS, SCRIPTS, SET_IFEQ, with_owner_checks
-from ._errors import ConnectionFailedError, ServerError, ServerUnavailableError, WrongTypeError
 
 try:
     import valkey
@@ -59,44 +30,8 @@ try:
 except ImportError:  # valkey-py is optional
     valkey = None  # type: ignore[assignment]
 
-__all__ = [
-    "PROBE_ARGS",
-    "PROBE_COMMAND",
-    "ClientState",
-    "Sends",
-    "direct_pool",
-    "failed",
-    "failed_async",
-    "is_out_of_memory",
-    "is_reshaping",
-    "is_transient",
-    "is_unknown_command",
-    "native_from_command_table",
-    "native_from_probe",
-    "owner_check_unusable",
-    "pack",
-    "packed_commands",
-    "read_replies",
-    "reply_encoding",
-    "run_meanwhile",
-    "send_direct",
-    "send_direct_async",
-    "send_direct_many",
-    "send_direct_many_async",
-    "state_of",
-    "to_the_end",
-    "to_the_end_async",
-    "translate",
-    "without_owner_check",
-]
 
 T = TypeVar("T")
-
-# Sent as one word so redis-py skips its COMMAND reply parser, which cannot read
-# the nil entries that COMMAND INFO returns for commands the server lacks.
-PROBE_COMMAND = "COMMAND INFO"
-# The module's commands and the server's built-in owner checks, in one ask.
-PROBE_ARGS = tuple(name.lower() for name in PROBED_COMMANDS)
 
 
 @dataclass
@@ -118,7 +53,7 @@ class ClientState:
     text: tuple[str, bool] | None = None
     wake: str | None = None
     direct: Any = None
-    # When a cluster client's slot table was last refreshed by the SDK (``_cluster``).
+    # When a cluster client's slot table was last refreshed by the SDK (``_clients.cluster``).
     refreshed: float = 0.0
     # One lock per world: threads of a sync client, tasks of an asyncio client.
     sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -638,195 +573,3 @@ def _listed(conn: Any, error: Exception) -> bool:
     """Whether a valkey-py connection retries ``error``: only what its ``retry_on_error`` lists."""
     listed = conn.retry_on_error
     return listed is not None and isinstance(error, tuple(listed))
-
-
-def native_from_probe(reply: object) -> frozenset[str]:
-    """The native commands and built-in owner checks a ``COMMAND INFO`` reply lists.
-
-    ``SET IFEQ`` is added where DELIFEQ or DELEX shows it (see ``_core.SET_IFEQ``).
-    An error reply (NOPERM when the ACL lacks ``+command``, for one) means
-    "no native commands", not a failure: the scripts always work.
-    """
-    if not isinstance(reply, list):
-        return frozenset()
-    return with_owner_checks(frozenset(name for name, entry in zip(PROBED_COMMANDS, reply, strict=False) if entry))
-
-
-def native_from_command_table(table: Mapping[str, object] | Iterable[str]) -> frozenset[str]:
-    """The native commands and owner checks in a cluster client's command table (lower-case names)."""
-    return with_owner_checks(frozenset(name for name in PROBED_COMMANDS if name.lower() in table))
-
-
-def owner_check_unusable(exc: BaseException) -> bool:
-    """Whether a built-in owner check's error says this server or user cannot take it at all.
-
-    An unknown command, a syntax error (a server that has the command but not the
-    option), or an ACL that does not grant it (a user whose commands are listed one
-    by one): the script does the same with what the user has, from now on.
-    """
-    text = str(exc).lower()
-    return is_unknown_command(exc) or "syntax error" in text or "no permissions to run" in text
-
-
-def without_owner_check(available: frozenset[str], check: str, exc: BaseException) -> frozenset[str]:
-    """``available`` once owner check ``check`` was refused with ``exc`` as unusable (see ``owner_check_unusable``).
-
-    A delete command the server turned out to lack ("unknown command": a command
-    table that lists more than the server runs) also takes away the SET IFEQ
-    inferred from it, unless the other delete command still vouches for it.
-    """
-    left = available - {check}
-    if check != SET_IFEQ and is_unknown_command(exc):
-        left = with_owner_checks(left - {SET_IFEQ})
-    return left
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is the server's refusal of a write that may grow memory (maxmemory, noeviction).
-
-    ``SET`` is refused then, while extend.lua is not (its ``EXPIRE`` never grows
-    memory): a renewal then goes as the script, that once.
-    """
-    text = str(exc)
-    return text.startswith("OOM") or "used memory > 'maxmemory'" in text
-
-
-def is_unknown_command(exc: BaseException) -> bool:
-    """Whether ``exc`` says the server (or a cluster client's table) lacks the command."""
-    text = str(exc).lower()
-    return "unknown command" in text or "doesn't exist in redis commands" in text
-
-
-def translate(exc: BaseException, key: str, keys: str) -> ServerError:
-    """The goblin-claim error for a client's error; the caller raises it ``from exc``.
-
-    Args:
-        exc: What the client raised: redis-py's or valkey-py's classes, or any
-            other exception from inside a client library (see ``raised_by_client``),
-            which is a connection it broke under the command.
-        key: The handle's key, carried by the error.
-        keys: The Redis key(s) the command touched, for the message.
-    """
-    text = str(exc)
-    if is_transient(exc):
-        return ServerUnavailableError(
-            f"Redis cannot take a command on {keys} now (a failover, a demotion, a restart, "
-            f"slots moving): {_code(exc)}{text}",
-            key=key,
-        )
-    if isinstance(exc, MAX_CONNECTIONS):
-        return ConnectionFailedError(
-            f"no free connection for {keys}: {text} (many concurrent tasks need a BlockingConnectionPool)",
-            key=key,
-        )
-    if isinstance(exc, CONNECTION_ERRORS) or (isinstance(exc, CLUSTER_ERRORS) and _UNREACHABLE in text):
-        return ConnectionFailedError(f"Redis unreachable while working on {keys}: {text}", key=key)
-    if not isinstance(exc, ERRORS):
-        return ConnectionFailedError(
-            f"the client failed while working on {keys}, its connection closed under the command: "
-            f"{type(exc).__name__}: {text}",
-            key=key,
-        )
-    if "WRONGTYPE" in text:
-        return WrongTypeError(f"{keys} holds a value that is not a string: {text}", key=key)
-    return ServerError(f"Redis refused a command on {keys}: {text}", key=key)
-
-
-# A cluster client that reached no node at all (redis-py and valkey-py say it so).
-_UNREACHABLE = "cannot be connected"
-# A cluster client's own words for a shape it is still learning: a slot no node
-# covers, a node it knows of without a connection, nodes that disagree, a node
-# gone from the cluster.
-_RESHAPING = (
-    "not covered",
-    "has no redis_connection",
-    "has no valkey_connection",
-    "could not agree",
-    "doesn't exist in the cluster",
-)
-
-
-# Error replies of a server that cannot take the command now but will (or whose
-# successor will): a failover, a demotion, a restart. A command refused with one
-# of these did not run, except UNBLOCKED, which cuts a WAIT short after its write
-# ran; every command the SDK sends is safe to send twice, so both are retried.
-# A WAIT sent to a primary demoted since (a replica now refuses it): a failover, as READONLY is.
-_DEMOTED_WAIT = "WAIT cannot be used with replica instances"
-_TRANSIENT_CODES = ("READONLY", "UNBLOCKED", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
-
-
-def _code(exc: BaseException) -> str:
-    """The error code the client took off the reply's text (``READONLY`` and the like), with a space."""
-    code = getattr(exc, "status_code", None)
-    return f"{code} " if isinstance(code, str) and code and not str(exc).startswith(code) else ""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is a server's answer that it cannot take the command now (see ``_TRANSIENT_CODES``).
-
-    A cluster moving slots or changing shape is one too (``SLOT_MOVING``, and the
-    cluster client's own words for it: ``is_reshaping``).
-
-    redis-py and valkey-py take the code off the text of the replies they know (``READONLY``,
-    ``LOADING``, ...), and leaves it on the others (``UNBLOCKED``, ``NOREPLICAS``);
-    a script's error keeps it too.
-    """
-    if isinstance(exc, TRANSIENT_ERRORS) or is_reshaping(exc):
-        return True
-    if not isinstance(exc, ERRORS) or isinstance(exc, CONNECTION_ERRORS):
-        return False
-    text = str(exc).lstrip("-")
-    return text.startswith(_TRANSIENT_CODES) or _DEMOTED_WAIT in text
-
-
-def is_reshaping(exc: object) -> bool:
-    """Whether ``exc`` says a cluster is moving the slot or changing shape (``SLOT_MOVING``, ``_RESHAPING``).
-
-    Nothing ran, and the cluster settles within moments (a migration's next key,
-    a failover's promotion): the drivers send the command again while the lease
-    lasts rather than give their caller an error it can do nothing about.
-    """
-    if isinstance(exc, SLOT_MOVING):
-        return True
-    return isinstance(exc, CLUSTER_ERRORS) and any(words in str(exc) for words in _RESHAPING)
-
-
-def _reconnect_target(client: object) -> tuple[Any, bool]:
-    """What to disconnect after a transient answer, and whether it is a pool (else one connection)."""
-    if isinstance(client, (*SYNC_CLIENTS, *ASYNC_CLIENTS)):
-        single = getattr(client, "connection", None)
-        return (single, False) if single is not None else (getattr(client, "connection_pool", None), True)
-    return None, False  # a cluster client follows the cluster's own redirections and failovers
-
-
-def failed(client: object, exc: BaseException, key: str, keys: str) -> ServerError:
-    """``translate``, and after a transient answer drop ``client``'s idle connections.
-
-    A demoted primary keeps answering READONLY on the connections already open to
-    it; behind a proxy, a virtual IP or a DNS name only a new connection reaches
-    the new primary. Every idle connection of the pool points where the one that
-    answered did, so all of them go (connections in use are left to their users).
-    """
-    error = translate(exc, key, keys)
-    if isinstance(error, ServerUnavailableError):
-        target, pool = _reconnect_target(client)
-        # Best effort: a connection that stays open answers the same again, and goes then.
-        with contextlib.suppress(Exception):
-            if pool:
-                target.disconnect(inuse_connections=False)
-            elif target is not None:
-                target.disconnect()
-    return error
-
-
-async def failed_async(client: object, exc: BaseException, key: str, keys: str) -> ServerError:
-    """``failed`` for an asyncio client."""
-    error = translate(exc, key, keys)
-    if isinstance(error, ServerUnavailableError):
-        target, pool = _reconnect_target(client)
-        with contextlib.suppress(Exception):
-            if pool:
-                await target.disconnect(inuse_connections=False)
-            elif target is not None:
-                await target.disconnect()
-    return error

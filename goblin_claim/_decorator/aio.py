@@ -1,8 +1,8 @@
-# Generated from _idempotent_sync.py by tools/gen_async.py: edit _idempotent_sync.py, then run that script.
+# Generated from _decorator/sync.py by tools/gen_async.py: edit _decorator/sync.py, then run that script.
 """The I/O flow of ``@idempotent`` on an ``async def``, over ``AsyncClaim``.
 
-The mirror of ``_idempotent_sync.py``, which it is generated from.
-Every decision lives in ``_idempotent._Spec``::
+The mirror of ``_decorator/sync.py``, which it is generated from.
+Every decision lives in ``plan._Spec``::
 
     acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
        │                                                 └─ raised: release (or store a replayable error)
@@ -22,9 +22,10 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _events
-from ._core import Stored
-from ._errors import (
+from .. import _events
+from .._clients.transport import to_the_end_async
+from .._drivers.aio import AsyncClaim
+from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
@@ -32,13 +33,12 @@ from ._errors import (
     ResultNotSerializableError,
     ServerError,
 )
-from ._outcomes import Completed, InFlight
-from ._server import to_the_end_async
-from ._async import AsyncClaim
+from .._handle import Stored
+from .._outcomes import Completed, InFlight
 
 if TYPE_CHECKING:
-    from ._idempotent import _Call, _Spec
-    from ._keepalive import AsyncKeepAlive
+    from .._drivers.keepalive import AsyncKeepAlive
+    from .plan import _Call, _Spec
 
 __all__ = ["call"]
 

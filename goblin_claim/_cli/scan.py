@@ -1,0 +1,369 @@
+"""``goblin-claim scan``, ``stats`` and ``namespaces``: walking a keyspace with SCAN on every primary."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._clients.families import (
+    RESPONSE_ERRORS,
+)
+from .._decorator.fingerprint import FINGERPRINT_CHARS
+from .._protocol.record import DONE_PREFIX, FENCE_SUFFIX
+from .connect import Client, _primaries
+from .findings import _text
+
+# --------------------------------------------------------------------------- scan and stats
+
+State = Literal["in-flight", "done", "odd"]
+STATES: tuple[State, ...] = ("in-flight", "done", "odd")
+DEFAULT_BATCH = 500
+# Above this many keys (DBSIZE, summed over the primaries), stats samples unless --exact.
+EXACT_UP_TO = 1_000_000
+DEFAULT_SAMPLE = 100
+# A record whose head reads differently before and after its TTL is read again,
+# this many times in all; past that it is reported as changing.
+_READS = 3
+# How much of a record a walk reads: its marker and token, never a large value whole.
+_HEAD = 1024
+
+# The decorator and the HTTP middleware end their tokens with ".<hex digits>", the call's
+# fingerprint: a hash of the arguments, which a low-entropy argument lets anyone guess
+# back. Listings show the part before it: who holds the claim.
+_FINGERPRINT = re.compile(rb"\.[0-9a-f]{%d}(?:[0-9a-f]{%d})?\Z" % (FINGERPRINT_CHARS, FINGERPRINT_CHARS))
+_ESCAPED = re.compile(r"%(25|7B|7D)")
+_UNESCAPED = {"25": "%", "7B": "{", "7D": "}"}
+_GLOB = re.compile(r"([*?\[\]\\])")
+_DONE = DONE_PREFIX.encode()
+_FENCE = FENCE_SUFFIX.encode()
+# The Celery door's enqueue_once keeps the first message's task id beside the record.
+_TASK = b":task"
+# An older release laid each key out on two keys, <ns>:{<key>}:claim and <ns>:{<key>}:result.
+_LEGACY_SUFFIXES = (b":claim", b":result")
+_SUFFIXES = (b"", _FENCE, _TASK, *_LEGACY_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key of a namespace as ``scan`` lists it.
+
+    Attributes:
+        state: ``in-flight``, ``done`` or ``odd``.
+        key: The idempotency key, as ``inspect`` and ``forget`` take it; for a name that is not
+            laid out as this release lays out keys (an older release's two keys among them),
+            the Redis key itself.
+        ttl_ms: What is left of the lease (in flight) or of the retention (done); ``-1`` for no
+            TTL, ``None`` when none applies.
+        holder: The holder token's owner part (never the call fingerprint after it), or ``None``.
+        note: What is wrong, for odd keys.
+        raises: What ``acquire()`` raises on this key (``WrongTypeError``, ``ResultLostError``),
+            ``None`` when it serves the key: such a key makes ``scan`` and ``stats`` exit 1.
+    """
+
+    state: State
+    key: str
+    ttl_ms: int | None = None
+    holder: str | None = None
+    note: str = ""
+    raises: str | None = None
+
+
+def printable(raw: bytes) -> str:
+    """``raw`` as text when it is printable UTF-8, else its ``repr`` (so a listing never carries control bytes)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(raw)
+    return text if text.isprintable() else repr(text)
+
+
+def owner_part(token: bytes) -> str:
+    """Who holds a claim: its token without the call fingerprint the decorator appends."""
+    return printable(_FINGERPRINT.sub(b"", token))
+
+
+def scan_pattern(namespace: str) -> str:
+    """The SCAN MATCH pattern of every key goblin-claim writes under ``namespace``."""
+    return _GLOB.sub(r"\\\1", namespace) + ":{*"
+
+
+def parse_name(name: bytes, prefix: bytes) -> tuple[bytes, bytes] | None:
+    """(hash tag, suffix) of a name under ``prefix`` (``<ns>:{``), else ``None``.
+
+    The suffix is ``b""`` for a record ``<ns>:{<tag>}``, ``b":fence"`` for its fence
+    counter, ``b":task"`` for Celery's enqueue_once marker, and ``b":claim"`` or
+    ``b":result"`` for an older release's two keys.
+    """
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix) :]
+    end = rest.find(b"}")
+    # build_keys escapes braces out of the tag, so the first closing brace ends it.
+    if end <= 0 or b"{" in rest[:end] or rest[end + 1 :] not in _SUFFIXES:
+        return None
+    return rest[:end], rest[end + 1 :]
+
+
+def key_of(tag: bytes) -> str:
+    """The idempotency key whose hash tag is ``tag`` (build_keys' percent-escapes undone)."""
+    try:
+        text = tag.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(tag)
+    key = _ESCAPED.sub(lambda match: _UNESCAPED[match.group(1)], text)
+    return key if key.isprintable() else repr(key)
+
+
+def _left(pttl: int) -> int | None:
+    return None if pttl == -2 else pttl
+
+
+_NO_TTL = "no TTL: goblin-claim always sets one (another writer?)"
+
+
+def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None:
+    """The state of one record from its type, TTL and head, read together; ``None`` when it is gone.
+
+    Args:
+        key: The idempotency key, as shown.
+        kind: TYPE of the record's key (``none``, ``string``, ``hash``...).
+        pttl: PTTL of the record's key (-2 absent, -1 no TTL).
+        head: The record's first bytes (up to 1024; enough for its marker and token), when it is a string.
+    """
+    if kind == "none":
+        return None  # expired or forgotten since SCAN named it
+    if kind != "string" or head is None:
+        note = f"a {kind}, not written by goblin-claim: acquire() raises WrongTypeError"
+        return Entry("odd", key, _left(pttl), None, note, "WrongTypeError")
+    if head.startswith(_DONE):
+        cut = head.find(b" ", len(_DONE))
+        if cut < 0 and len(head) < _HEAD:
+            return Entry(
+                "odd",
+                key,
+                _left(pttl),
+                owner_part(head[len(_DONE) :]),
+                "a done marker without a value, not written by this release's complete(): acquire() raises "
+                "ResultLostError until the TTL ends or `goblin-claim forget` reopens the key",
+                "ResultLostError",
+            )
+        token = head[len(_DONE) : cut] if cut >= 0 else head[len(_DONE) :]
+        return Entry("done", key, _left(pttl), owner_part(token), _NO_TTL if pttl == -1 else "")
+    return Entry(
+        "in-flight", key, _left(pttl), owner_part(head), _NO_TTL + ", so it never frees itself" if pttl == -1 else ""
+    )
+
+
+def legacy_entry(name: bytes, tag: bytes, suffix: bytes, pttl: int) -> Entry | None:
+    """An older release's claim or result key, as ``scan`` lists it; ``None`` when it is gone."""
+    if pttl == -2:
+        return None
+    part = suffix.lstrip(b":").decode()
+    return Entry(
+        "odd",
+        printable(name),
+        pttl,
+        None,
+        f"the {part} key of {key_of(tag)!r} in an older release's two-key layout: this release does not read it, "
+        "and callers of the two releases do not see each other's claims; run one release everywhere, then let it "
+        "expire (or DEL it)",
+    )
+
+
+@dataclass
+class NodeTally:
+    """What a walk saw on one primary: for stats' counts and their estimate."""
+
+    node: str
+    dbsize: int = 0
+    examined: int = 0  # names SCAN returned (sampling scans without MATCH, so all of them)
+    finished: bool = False  # SCAN's cursor came back to 0: every key was seen
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+    raising: int = 0  # keys acquire() raises on (Entry.raises), among the odd ones
+
+
+def _wrong_type(reply: object) -> bool:
+    return isinstance(reply, RESPONSE_ERRORS) and str(reply).startswith("WRONGTYPE")
+
+
+def _read_records(conn: Any, prefix: bytes, tags: Sequence[bytes]) -> list[tuple[str, int, bytes | None] | None]:
+    """TYPE, PTTL and head (GETRANGE) of each tag's record: one round trip for the batch.
+
+    Pipelined without MULTI (a node's keys span many slots, and a cluster refuses
+    cross-slot transactions), so the head is read again after the TTL: a reading is
+    kept only when both heads agree, which rules out a complete(), forget(), expiry
+    or new claim landing between them (a record names its token, and a token is
+    unique to its owner). ``None`` for a record that changed on every read.
+    """
+    readings: dict[bytes, tuple[str, int, bytes | None] | None] = dict.fromkeys(tags)
+    pending = list(tags)
+    for _ in range(_READS):
+        if not pending:
+            break
+        pipe = conn.pipeline(transaction=False)
+        for tag in pending:
+            name = prefix + tag + b"}"
+            pipe.type(name)
+            pipe.getrange(name, 0, _HEAD - 1)
+            pipe.pttl(name)
+            pipe.getrange(name, 0, _HEAD - 1)
+        replies = pipe.execute(raise_on_error=False)
+        changed = []
+        for index, tag in enumerate(pending):
+            kind, before, pttl, after = replies[4 * index : 4 * index + 4]
+            for reply in (kind, pttl, before, after):
+                if isinstance(reply, Exception) and not _wrong_type(reply):
+                    raise reply  # NOPERM, MOVED...: the walk cannot go on
+            kind = _text(kind)
+            if _wrong_type(before) and _wrong_type(after):
+                agree = kind not in ("none", "string")
+                before = None
+            else:
+                # GETRANGE answers "" for a missing key: the type and the TTL say which it is.
+                agree = before == after and isinstance(before, bytes)
+                if int(pttl) == -2:
+                    agree, kind, before = agree and before == b"", "none", None
+                else:
+                    agree = agree and kind == "string"
+            if agree:
+                readings[tag] = (kind, int(pttl), before)
+            else:
+                changed.append(tag)
+        pending = changed
+    return [readings[tag] for tag in tags]
+
+
+def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry]:
+    """The entries of one SCAN batch: each record once, and each name this release does not write."""
+    tags: dict[bytes, None] = {}
+    legacy: list[tuple[bytes, bytes, bytes]] = []
+    for name in names:
+        if not name.startswith(prefix):
+            continue  # sampling scans without MATCH
+        parsed = parse_name(name, prefix)
+        if parsed is None:
+            yield Entry("odd", printable(name), note="a key under the namespace that goblin-claim does not write")
+            continue
+        tag, suffix = parsed
+        if suffix in (_FENCE, _TASK):
+            continue  # a fence counter or Celery's marker: beside the record by design, which speaks for them
+        if suffix:
+            legacy.append((name, tag, suffix))
+        else:
+            tags[tag] = None
+    if legacy:  # only while an older release's keys are left: one more round trip
+        pipe = conn.pipeline(transaction=False)
+        for name, _tag, _suffix in legacy:
+            pipe.pttl(name)
+        for (name, tag, suffix), pttl in zip(legacy, pipe.execute(), strict=True):
+            entry = legacy_entry(name, tag, suffix, int(pttl))
+            if entry is not None:
+                yield entry
+    for tag, reading in zip(tags, _read_records(conn, prefix, list(tags)), strict=True):
+        key = key_of(tag)
+        if reading is None:
+            yield Entry("odd", key, note="it changed on every read (busy): look again with inspect")
+            continue
+        entry = classify(key, *reading)
+        if entry is not None:
+            yield entry
+
+
+def walk(
+    client: Client,
+    cluster: bool,
+    namespace: str,
+    batch: int = DEFAULT_BATCH,
+    sample: int | None = None,
+    tallies: list[NodeTally] | None = None,
+) -> Iterator[Entry]:
+    """Every key of ``namespace`` on every primary, with its state; read-only.
+
+    Each primary is walked with SCAN, ``batch`` names at a time (``COUNT``), never KEYS,
+    and each batch's records are read in one pipelined round trip (one more for an older
+    release's keys, while any are left). SCAN may
+    name a key twice when the server rehashes meanwhile, and keys written during the
+    walk may or may not be seen: its guarantees, not a snapshot's.
+
+    Args:
+        client: A connected client (a cluster client on a cluster).
+        cluster: Whether ``client`` is a cluster client.
+        namespace: The namespace to walk.
+        batch: SCAN's ``COUNT``: names per round trip.
+        sample: Stop after this many SCAN batches per primary, scanning without MATCH so the
+            tally knows how much of the keyspace it saw (``estimate`` scales by DBSIZE);
+            ``None`` walks everything.
+        tallies: A list that receives one ``NodeTally`` per primary, kept up to date as the walk goes.
+
+    Yields:
+        One entry per record (and per name under the namespace this release does not write).
+    """
+    prefix = f"{namespace}:{{".encode()
+    match = None if sample is not None else scan_pattern(namespace)
+    for node, conn in _primaries(client, cluster):
+        tally = NodeTally(node, dbsize=int(conn.dbsize()))
+        if tallies is not None:
+            tallies.append(tally)
+        cursor, batches = 0, 0
+        while True:
+            cursor, names = conn.scan(cursor, match=match, count=batch)
+            batches += 1
+            tally.examined += len(names)
+            for entry in _entries(conn, prefix, names):
+                tally.counts[entry.state] += 1
+                tally.raising += entry.raises is not None
+                yield entry
+            if int(cursor) == 0:
+                tally.finished = True
+                break
+            if sample is not None and batches >= sample:
+                break
+
+
+def estimate(tallies: Sequence[NodeTally]) -> tuple[dict[State, float], bool]:
+    """Counts by state over ``tallies``, scaled by DBSIZE on primaries sampled only in part; and whether exact."""
+    totals = dict.fromkeys(STATES, 0.0)
+    exact = True
+    for tally in tallies:
+        scale = 1.0
+        if not tally.finished:
+            exact = False
+            scale = tally.dbsize / tally.examined if tally.examined else 0.0
+        for state in STATES:
+            totals[state] += tally.counts[state] * scale
+    return totals, exact
+
+
+def namespaces(client: Client, cluster: bool, batch: int = DEFAULT_BATCH) -> dict[str, int]:
+    """Every namespace holding keys laid out as goblin-claim lays them out, with its keys counted; read-only.
+
+    One SCAN MATCH ``*:{*`` walk of every primary, names only (nothing is read): a key
+    counts as ``scan`` lists it (a record, or an older release's claim or result key;
+    not a fence counter or Celery's marker), so a namespace whose records are gone but
+    a fence counter is left shows 0. Another application's keys named ``<x>:{<y>}``
+    look the same and are counted too: ``scan --namespace`` reads them.
+    """
+    found: dict[str, int] = {}
+    for _node, conn in _primaries(client, cluster):
+        cursor = 0
+        while True:
+            cursor, names = conn.scan(cursor, match="*:{*", count=batch)
+            for name in names:
+                cut = name.find(b":{")  # a namespace has no braces: the first one opens the tag
+                parsed = parse_name(name, name[: cut + 2]) if cut > 0 and b"{" not in name[:cut] else None
+                if parsed is not None:
+                    space = printable(name[:cut])
+                    found[space] = found.get(space, 0) + (parsed[1] not in (_FENCE, _TASK))
+            if int(cursor) == 0:
+                break
+    return dict(sorted(found.items()))
+
+
+def _shown_ttl(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms == -1:
+        return "no TTL"
+    return f"{ms / 1000:.1f} s"

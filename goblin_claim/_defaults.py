@@ -1,0 +1,12 @@
+"""Every default of the public API, read from one place."""
+
+from __future__ import annotations
+
+from typing import Final
+
+DEFAULT_NAMESPACE: Final = "goblin"
+
+# How long a claim is held before another caller may take it over, in seconds.
+LEASE: Final = 30
+# How long a completed record (and its answer) is kept for duplicates, in seconds.
+TTL: Final = 86400

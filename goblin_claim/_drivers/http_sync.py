@@ -1,0 +1,152 @@
+"""The WSGI doors' claim path over ``Claim``: open a request's claim, store or mark its answer, give it back."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from .. import _http
+from .._clients.families import adapt
+from .._clients.kinds import SYNC_NEEDS, client_kind
+from .._errors import (
+    ClaimLostError,
+    ConnectionFailedError,
+    GoblinClaimError,
+    InvalidArgumentTypeError,
+    ResultLostError,
+    StillInFlightError,
+)
+from .._http import STORE_WINDOW, Answer, Options
+from .._outcomes import Completed, InFlight
+from .._protocol.timing import WaitSchedule
+from .sync import Claim
+
+logger = logging.getLogger("goblin_claim.wsgi")
+
+
+class SyncDoor:
+    """The sync client a door claims through (made on first use by a factory), and its options."""
+
+    def __init__(self, client: Any, options: Options) -> None:
+        self.options = options
+        self._client: Any = None
+        self._factory: Callable[[], Any] | None = None
+        client = adapt(client)  # a GLIDE client: its adapter
+        if client_kind(client) is None and callable(client):
+            self._factory = client
+        else:
+            _check_sync_client(client)
+            self._client = client
+
+    def client(self) -> Any:
+        """The client, made by the factory on first use."""
+        client = self._client
+        if client is None:
+            assert self._factory is not None
+            made = adapt(self._factory())
+            _check_sync_client(made)
+            self._client = client = made
+        return client
+
+    def claim(self, method: str, path: str, owner: str | None, key: str, fp: str) -> Claim:
+        """The claim for one request's key, with a token carrying its fingerprint."""
+        options = self.options
+        return Claim(
+            self.client(), _http.claim_name(method, path, owner, key), lease=options.lease, ttl=options.ttl,
+            namespace=options.namespace, token=_http.claim_token(fp),
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the claim's round trips (sync)
+
+
+def open_claim(options: Options, claim: Claim, fp: str, accept_encoding: bytes | None = None) -> Answer | None:
+    """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem)."""
+    try:
+        outcome = claim.acquire()
+        if isinstance(outcome, InFlight):
+            answer = _http.in_flight(options, claim._holder, fp)
+            if answer is not None:
+                return answer
+            outcome = claim.wait(timeout=options.wait)
+    except StillInFlightError:
+        return _http.problem(409, f"{_http.IN_FLIGHT} (waited {options.wait:g}s)", retry=True)
+    except ResultLostError:
+        return _http.problem(500, _http.RESULT_LOST, code="result-lost")
+    except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
+        logger.warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), type(exc).__name__)
+        return _http.problem(503, _http.UNAVAILABLE, retry=True)
+    if isinstance(outcome, Completed):
+        return _http.replay(outcome.value, fp, accept_encoding)
+    return None
+
+
+def store(claim: Claim, payload: bytes, status: int, fp: str) -> Literal["stored", "lost", "failed"]:
+    """Store a whole response; failing that, keep the key closed with a small marker (fail closed)."""
+    try:
+        _complete(claim, payload)
+        return "stored"
+    except ClaimLostError:
+        logger.warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
+        return "lost"
+    except GoblinClaimError as exc:
+        logger.warning(
+            "key %s: the response could not be stored (%s); it will not be replayed", _digest(claim), type(exc).__name__
+        )
+        failure = exc
+    if not isinstance(failure, ConnectionFailedError):
+        mark(claim, _http.unstored_payload(fp, status, f"it could not be stored: {str(failure)[:200]}"))
+    return "failed"
+
+
+def _complete(claim: Claim, payload: bytes) -> None:
+    # Owner-checked and safe to send twice: a dropped connection is retried for a while.
+    schedule = WaitSchedule(min(float(claim.lease), STORE_WINDOW), claim.key)
+    schedule.start(time.monotonic())
+    while True:
+        try:
+            claim.complete(payload)
+            return
+        except ConnectionFailedError:
+            delay = schedule.next_delay(time.monotonic())
+            if delay is None:
+                raise
+            time.sleep(delay)
+
+
+def mark(claim: Claim, marker: bytes) -> None:
+    """Keep the key closed with ``marker``: duplicates are told, the request is not run again."""
+    try:
+        _complete(claim, marker)
+    except GoblinClaimError as exc:
+        logger.warning(
+            "key %s: could not keep the key closed (%s); it frees itself after the lease and a retry runs again",
+            _digest(claim), type(exc).__name__,
+        )  # fmt: skip
+
+
+def abandon(claim: Claim, fp: str, reason: str) -> None:
+    """Keep a request that began but ended without a whole response closed: duplicates get 422."""
+    logger.warning("key %s: %s; the key is kept closed, duplicates are answered 422", _digest(claim), reason)
+    mark(claim, _http.abandoned_payload(fp, reason))
+
+
+def give_back(claim: Claim) -> None:
+    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise)."""
+    with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
+        claim.release()
+
+
+def _digest(claim: Claim) -> str:
+    return _http.key_digest(claim.key)
+
+
+def _check_sync_client(client: object) -> None:
+    if client_kind(client) is not False:
+        raise InvalidArgumentTypeError(
+            f"this middleware needs {SYNC_NEEDS} or a function of no "
+            f"arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
+        )

@@ -1,0 +1,521 @@
+"""``ClaimBase``: a claim handle's settings, keys, ownership clock and reading of replies, with no client calls."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Final, Generic, TypeVar, cast
+
+from ._clients.families import adapt
+from ._clients.kinds import _CLIENT_KINDS, check_client
+from ._defaults import DEFAULT_NAMESPACE, LEASE, TTL
+from ._errors import (
+    ClaimLostError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    NotReplicatedError,
+    ResultLostError,
+)
+from ._outcomes import Claimed, Completed, InFlight, Outcome
+from ._protocol.checks import (
+    _NAMESPACES_SEEN,
+    MAX_SECONDS,
+    NativeMode,
+    _check_text,
+    _remember_namespace,
+    check_namespace,
+    check_native,
+    check_replicas,
+    check_seconds,
+    check_token,
+    check_value,
+    describe,
+)
+from ._protocol.record import (
+    _CLAIMED_REPLIES,
+    _DONE_PREFIXES,
+    CLAIMED,
+    DONE_PREFIX,
+    FENCE_SUFFIX,
+    build_keys,
+    new_token,
+)
+from ._protocol.scripts import CLAIM, CLAIM_FENCED, COMPLETE, COMPLETE_FENCED, Script, native_command, script_command
+from ._protocol.timing import WaitSchedule
+
+# Outcomes from a dict of their fields, as Claimed(**fields) makes them (validated).
+_claimed_outcome: Final[Callable[[dict[str, Any]], Claimed]] = Claimed.__pydantic_validator__.validate_python
+_completed_outcome: Final[Callable[[dict[str, Any]], Completed]] = Completed.__pydantic_validator__.validate_python
+
+
+class Stored:
+    """A completed record's stored value, without the ``Completed`` model around it.
+
+    For a caller that only reads the value and never hands the outcome on (the
+    decorator's duplicate): validating a ``Completed`` is most of what reading a
+    short record costs.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | str) -> None:
+        self.value = value
+
+
+# complete.lua's replies.
+_STORED: Final = 1
+_COMPLETED_OTHERWISE: Final = 2
+_UNPROVEN: Final = 3  # claim_key empty, and nothing shows that nobody claimed it since
+
+
+# --------------------------------------------------------------------------- the shared handle
+
+
+ClientT = TypeVar("ClientT")
+HandleT = TypeVar("HandleT", bound="ClaimBase[Any]")
+
+
+class ClaimBase(Generic[ClientT]):
+    """What ``Claim`` and ``AsyncClaim`` share: validated settings and derived keys.
+
+    Handles are made once per request, so construction stays cheap: plain type
+    and range checks, no pydantic, namespaces validated once per process.
+    """
+
+    __slots__ = (
+        "_client",
+        "_fence",
+        "_fence_key",
+        "_holder",
+        "_lapse_ms",
+        "_mine_until",
+        "_native",
+        "_replica_timeout_ms",
+        "_replicas",
+        "claim_key",
+        "key",
+        "lease",
+        "result_key",
+        "token",
+        "ttl",
+    )
+
+    # Whether the handle awaits its client's commands; None (ClaimBase itself): no client check.
+    _wants_async: ClassVar[bool | None] = None
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Judged once per class from what it does (an awaitable acquire), so the
+        # drivers need no marker of their own.
+        super().__init_subclass__(**kwargs)
+        acquire = getattr(cls, "acquire", None)
+        if acquire is not None:
+            cls._wants_async = inspect.iscoroutinefunction(acquire)
+
+    def __init__(
+        self,
+        client: ClientT,
+        key: str,
+        *,
+        lease: int = LEASE,
+        ttl: int = TTL,
+        namespace: str = DEFAULT_NAMESPACE,
+        token: str | None = None,
+        native: NativeMode = "auto",
+        fencing: bool = False,
+        replicas: int = 0,
+        replica_timeout_ms: int = 500,
+    ) -> None:
+        # Each check takes its fast path inline for the valid, common case and
+        # calls the full checker (which raises with a clear message) otherwise.
+        if _CLIENT_KINDS.get(type(client)) is not self._wants_async:
+            client = adapt(client)
+            check_client(client, self._wants_async, type(self).__name__)
+        self._client = client
+        if type(key) is not str or not key or not key.isascii():
+            _check_text("key", key)
+        self.key = key
+        if type(namespace) is not str or namespace not in _NAMESPACES_SEEN:
+            _remember_namespace(check_namespace(namespace))
+        self.claim_key, self.result_key = build_keys(namespace, key)
+        self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
+        self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
+        self.token = new_token() if token is None else check_token(token)
+        self._native = native if type(native) is str and native == "auto" else check_native(native)
+        self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
+        self._holder: object = None  # what the last claim reply said claim_key holds, when it said
+        self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
+        self._fence: int | None = None  # the fence of the claim this handle holds or last held
+        if fencing is False:
+            self._fence_key: str | None = None
+        elif fencing is True:
+            self._fence_key = self.claim_key + FENCE_SUFFIX
+        else:
+            raise InvalidArgumentTypeError(f"fencing must be True or False, not {describe(fencing)}", key=key)
+        # The default, no WAIT; exact types first, so False or 0.0 are refused below like any bad value.
+        if type(replicas) is int and replicas == 0 and type(replica_timeout_ms) is int and replica_timeout_ms == 500:
+            self._replicas, self._replica_timeout_ms = 0, 500
+        else:
+            self._replicas, self._replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+
+    @classmethod
+    def _checked(
+        cls: type[HandleT],
+        client: Any,
+        key: str,
+        namespace: str,
+        token: str,
+        lease: int,
+        ttl: int,
+        native: NativeMode,
+        replicas: int,
+        replica_timeout_ms: int,
+    ) -> HandleT:
+        """A handle from settings the caller already checked (the decorator does, once).
+
+        The same handle ``__init__`` makes (a test compares every slot), without
+        checking again what was checked at decoration, on every call.
+        """
+        self = cls.__new__(cls)
+        self._client = client
+        self.key = key
+        self.claim_key, self.result_key = build_keys(namespace, key)
+        self.lease, self.ttl, self.token, self._native = lease, ttl, token, native
+        self._fence_key = None
+        self._replicas, self._replica_timeout_ms = replicas, replica_timeout_ms
+        self._lapse_ms = None
+        self._holder = None
+        self._mine_until = 0.0
+        self._fence = None
+        return self
+
+    @classmethod
+    def _many(cls: type[HandleT], client: Any, keys: Iterable[str], options: dict[str, Any]) -> list[HandleT]:
+        """The handles of a batch: ``cls(client, key, **options)`` for each key, the options checked once.
+
+        The first handle is made by the constructor; the others copy its checked
+        settings and check only their own key (each draws its own token). With a
+        ``token`` or ``fencing`` in the options each goes through the constructor.
+        """
+        keys = list(keys)
+        if not keys:
+            return []
+        first = cls(client, keys[0], **options)
+        if "token" in options or first._fence_key is not None:
+            return [first, *(cls(client, key, **options) for key in keys[1:])]
+        namespace = options.get("namespace", DEFAULT_NAMESPACE)  # the first handle checked it
+        handles = [first]
+        for key in keys[1:]:
+            if type(key) is not str or not key or not key.isascii():
+                _check_text("key", key)
+            handle = cls._checked(
+                first._client, key, namespace, new_token(), first.lease, first.ttl, first._native,
+                first._replicas, first._replica_timeout_ms,
+            )  # fmt: skip
+            handles.append(handle)
+        return handles
+
+    @classmethod
+    def _with_keys(
+        cls,
+        client: ClientT,
+        claim_key: str,
+        result_key: str,
+        lease: int,
+        ttl: int,
+        token: str | None,
+        native: NativeMode,
+        replicas: int,
+        replica_timeout_ms: int,
+    ) -> ClaimBase[ClientT]:
+        _check_text("claim_key", claim_key)
+        _check_text("result_key", result_key)
+        if claim_key == result_key:
+            raise InvalidArgumentError(f"claim_key and result_key must differ: {claim_key!r}")
+        # The usual construction checks everything else; then the exact keys replace the derived ones.
+        self = cls(
+            client, claim_key, lease=lease, ttl=ttl, token=token, native=native,
+            replicas=replicas, replica_timeout_ms=replica_timeout_ms,
+        )  # fmt: skip
+        self.claim_key, self.result_key = claim_key, result_key
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(key={self.key!r}, token={self.token!r}, lease={self.lease}, ttl={self.ttl})"
+
+    # -- what to send, and what the replies mean
+
+    @property
+    def _both_keys(self) -> str:
+        """Both keys (the one key of the record), as errors about a command on both name them."""
+        if self.claim_key == self.result_key:
+            return self.claim_key
+        return f"{self.claim_key} / {self.result_key}"
+
+    def _claim_call(self) -> tuple[Script, tuple[str | int, ...]]:
+        if self._fence_key is None:
+            if self._replicas:  # "wait": a read-back is rewritten for the WAIT behind it (claim.lua)
+                return CLAIM, (self.claim_key, self.result_key, self.token, self.lease, 0, "wait")
+            return CLAIM, (self.claim_key, self.result_key, self.token, self.lease)
+        # The counter outlives the claim and its result; past that, the clock takes over.
+        keep = max(self.lease, self.ttl)
+        fenced = (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
+        return CLAIM_FENCED, (*fenced, "wait") if self._replicas else fenced
+
+    def _claim_command(
+        self, available: frozenset[str] | None, *, source: bool = False
+    ) -> tuple[str | bytes | int, ...]:
+        """The claim as one command for a pipeline: GOBLIN.CLAIM where chosen, else the script.
+
+        ``source`` sends the script's text (EVAL), for a server that lost its cache.
+        """
+        script, args = self._claim_call()
+        # With replicas, always the script, as acquire() sends it: only it rewrites a read-back for the WAIT.
+        native = None if source or self._replicas else native_command(self._native, available, script, self.key)
+        return (native, *args) if native is not None else script_command(script, args, source=source)
+
+    def _claim_outcome(
+        self,
+        reply: object,
+        acknowledged: int | None = None,
+        *,
+        resent: bool = False,
+        sent_at: float = 0.0,
+        now: float = 0.0,
+    ) -> tuple[Outcome, object]:
+        """The outcome of a claim reply, and what claim_key holds when that is known.
+
+        ``reply`` is GOBLIN.CLAIM's or claim.lua's: ``CLAIMED``, the stored value,
+        or (in flight) a list holding claim_key's value; the driver answers the native
+        command's nil with one read (``peek.lua``) that replies as claim.lua would.
+
+        A holder equal to this handle's token is ``Claimed`` only when it is this
+        handle's own claim (see ``_owns``); another handle given the same token
+        looks the same on the server, and is ``InFlight``.
+
+        Args:
+            reply: The server's reply.
+            acknowledged: WAIT's count, with ``replicas``.
+            resent: The driver sent this claim more than once (its retry, after a
+                failure that may have left the first send applied).
+            sent_at: The monotonic clock before the claim was first sent.
+            now: The monotonic clock once the reply was read.
+
+        Raises:
+            ResultLostError: claim_key says done, but the result is gone.
+            NotReplicatedError: This handle took the claim, but too few replicas acknowledged it.
+        """
+        # Validated, not model_construct (slower); the two hot outcomes straight
+        # through their validators, which is what __init__ does, less its wrapper.
+        if type(reply) is list:
+            holder = reply[0] if reply else None
+            if self._fence_key is not None and len(reply) == 2 and holder in _CLAIMED_REPLIES:
+                # A fenced win has two entries; a fenced in-flight reply three.
+                return self._claimed(reply[1], acknowledged, sent_at), self.token
+            if holder is None:
+                # Free meanwhile (the next attempt may take it), or a non-string: in flight, as natively.
+                self._mine_until = 0.0
+                return InFlight(key=self.key), None
+            lapse = None
+            if len(reply) > 1 and type(reply[1]) is int:
+                self._lapse_ms = reply[1]
+                # PTTL: -1 is a raw writer's claim without an expiry, so no time is known.
+                lapse = reply[1] / 1000 if reply[1] >= 0 else None
+            if holder == self.token or holder == self.token.encode():
+                fence = reply[2] if len(reply) > 2 else None
+                if self._owns(resent, now, fence):
+                    return self._claimed(fence, acknowledged, sent_at, held=True), holder
+                self._mine_until = 0.0
+                return InFlight(key=self.key, retry_after=lapse), holder  # another handle with this token holds it
+            self._mine_until = 0.0
+            if holder.startswith(_DONE_PREFIXES[0] if type(holder) is bytes else DONE_PREFIX):
+                raise ResultLostError(
+                    f"{self.key!r} was completed, but its result ({self.result_key!r}) is gone: evicted by a "
+                    "maxmemory-policy other than noeviction, or deleted; forget() reopens the work",
+                    key=self.key,
+                )
+            return InFlight(key=self.key, retry_after=lapse), holder
+        if reply in _CLAIMED_REPLIES:
+            return self._claimed(None, acknowledged, sent_at), self.token
+        self._mine_until = 0.0
+        if reply is None:
+            return InFlight(key=self.key), None
+        holder = None
+        if self.claim_key is self.result_key or self.claim_key == self.result_key:
+            holder, reply = self._read_record(reply)
+            if holder is None:  # a token, not a record: in flight (the driver peeks first)
+                return InFlight(key=self.key), reply
+        if acknowledged is not None and acknowledged < self._replicas:
+            # Read back from the primary alone: a failover now could lose it.
+            raise self._not_replicated("read", acknowledged)
+        return _completed_outcome({"key": self.key, "value": reply}), holder
+
+    def _stored_of(self, reply: object, acknowledged: int | None) -> Stored | None:
+        """A claim reply that is a one-key record, as ``Stored`` (its holder kept); else ``None``.
+
+        What ``_claim_outcome`` answers a record with, less the ``Completed``. With
+        ``replicas`` (an acknowledgement to check) it leaves the reply to ``_claim_outcome``.
+        """
+        if acknowledged is not None or self.claim_key != self.result_key:
+            return None
+        holder, value = self._read_record(reply)
+        if holder is None:
+            return None
+        self._mine_until = 0.0
+        self._holder = holder
+        return Stored(cast("bytes | str", value))  # a slice of the reply, which was one of them
+
+    def _read_record(self, reply: object) -> tuple[object, object]:
+        """``(holder, value)`` of a one-key record ``done <token> <value>``; ``(None, reply)`` for a token."""
+        if type(reply) is bytes:
+            if not reply.startswith(_DONE_PREFIXES[0]):
+                return None, reply
+            cut = reply.find(b" ", len(DONE_PREFIX))
+        elif type(reply) is str:
+            if not reply.startswith(DONE_PREFIX):
+                return None, reply
+            cut = reply.find(" ", len(DONE_PREFIX))
+        else:
+            return None, reply
+        if cut < 0:
+            raise ResultLostError(
+                f"{self.key!r} ({self.claim_key!r}) holds a done marker without a value: not written by this "
+                "release's complete(); forget() reopens the work",
+                key=self.key,
+            )
+        return reply[len(DONE_PREFIX) : cut], reply[cut + 1 :]
+
+    def _needs_peek(self, reply: object) -> bool:
+        """Whether a claim reply needs one read (peek.lua) to be told apart.
+
+        GOBLIN.CLAIM answers nil in flight on two keys, and on the one-key record
+        the holder's token itself; claim.lua answers neither.
+        """
+        if reply is None:
+            return True
+        if type(reply) is bytes:
+            return self.claim_key == self.result_key and not reply.startswith(_DONE_PREFIXES[0]) and reply != b"CLAIMED"
+        if type(reply) is str:
+            return self.claim_key == self.result_key and not reply.startswith(DONE_PREFIX) and reply != CLAIMED
+        return False
+
+    def _owns(self, resent: bool, now: float, fence: object) -> bool:
+        """Whether a claim holding this handle's token is this handle's own.
+
+        The token is stored verbatim, so the server cannot tell this handle's
+        re-sent claim from another handle given the same token (a worker id).
+        The handle can: it is its own when the driver re-sent this very claim,
+        or while the lease of a claim this handle took (or sent without learning
+        the outcome) has not run out by its own clock, measured from before that
+        send, which is never later than the server's expiry. With fencing, a
+        counter that moved on since this handle's fence means another owner.
+
+        Not told apart (and so taken as its own): a first send that never reached
+        the server, then another handle with this token claiming before the
+        re-send arrives, or deleting this handle's live claim (``forget()``, a raw
+        ``GOBLIN.CAD``) and claiming within its lease.
+        """
+        if resent:
+            return True
+        if now >= self._mine_until:
+            return False
+        return self._fence is None or type(fence) is not int or fence == self._fence
+
+    def _claimed(self, fence: object, acknowledged: int | None, sent_at: float, *, held: bool = False) -> Claimed:
+        # A new claim lives at least lease seconds from before its send; a claim
+        # this handle already held keeps the deadline it had.
+        if not held or sent_at >= self._mine_until:
+            self._mine_until = sent_at + self.lease
+        if type(fence) is not int:
+            fence = None
+        elif fence != self._fence:
+            self._fence = fence
+        if acknowledged is not None and acknowledged < self._replicas:
+            raise self._not_replicated("claim", acknowledged)
+        return _claimed_outcome({"key": self.key, "token": self.token, "lease": self.lease, "fence": fence})
+
+    def _claim_unknown(self, sent_at: float) -> None:
+        """A claim sent at ``sent_at`` failed without a reply: it may have taken the claim.
+
+        The handle's next claim is then a re-send of this one.
+        """
+        if sent_at >= self._mine_until:
+            self._mine_until = sent_at + self.lease
+            self._fence = None
+
+    def _extended(self, sent_at: float, seconds: int) -> None:
+        """The lease was renewed by a call sent at ``sent_at``, while this handle held it."""
+        if sent_at < self._mine_until:
+            self._mine_until = sent_at + seconds
+
+    def _let_go(self) -> None:
+        """This handle no longer holds the claim: released, completed, or forgotten."""
+        self._mine_until = 0.0
+
+    def _complete_call(
+        self, value: object, encoding: str = "utf-8", text_only: bool = False, wake: str = ""
+    ) -> tuple[Script, tuple[str | bytes | int, ...]]:
+        """complete.lua and its arguments; with fencing, the counter and this handle's fence too."""
+        stored = check_value(value, self.key, text_only=text_only, encoding=encoding)
+        marker = DONE_PREFIX + self.token
+        if self._fence_key is None:
+            return COMPLETE, (self.claim_key, self.result_key, self.token, stored, self.ttl, marker, wake)
+        fence = "" if self._fence is None else self._fence
+        keys = (self.claim_key, self.result_key, self._fence_key)
+        return COMPLETE_FENCED, (*keys, self.token, stored, self.ttl, marker, wake, fence)
+
+    def _completed(self, reply: object, acknowledged: int | None = None) -> None:
+        """Check complete.lua's reply.
+
+        Raises:
+            ClaimLostError: Another token holds or completed the claim, or this one
+                completed it with another value; nothing was written.
+            NotReplicatedError: Stored, but too few replicas acknowledged it.
+        """
+        if reply == _UNPROVEN:
+            raise ClaimLostError(
+                f"cannot complete {self.key!r}: the claim of token {self.token!r} is gone (its lease lapsed, or "
+                "it was released or forgotten) and "
+                + (
+                    "its fence is unknown or the counter expired"
+                    if self._fence_key is not None
+                    else "without fencing=True nothing shows that nobody claimed the key since"
+                )
+                + "; nothing was written",
+                key=self.key,
+            )
+        if reply == _COMPLETED_OTHERWISE:
+            raise ClaimLostError(
+                f"cannot complete {self.key!r}: token {self.token!r} already completed it with another value; "
+                "the first value stays",
+                key=self.key,
+            )
+        if reply != _STORED:
+            raise self._lost("complete")
+        if acknowledged is not None and acknowledged < self._replicas:
+            raise self._not_replicated("complete", acknowledged)
+
+    def _not_replicated(self, action: str, acknowledged: int) -> NotReplicatedError:
+        held = {
+            "claim": "this handle holds the claim",
+            "read": "the result was read back (the work is completed)",
+        }.get(action, "the result is stored")
+        return NotReplicatedError(
+            f"{action} of {self.key!r}: {acknowledged} of {self._replicas} replicas acknowledged within "
+            f"{self._replica_timeout_ms} ms; {held} on the primary, but a failover now could lose it",
+            key=self.key,
+            acknowledged=acknowledged,
+            replicas=self._replicas,
+        )
+
+    def _extend_lease(self, lease: int | None) -> int:
+        return self.lease if lease is None else check_seconds("lease", lease)
+
+    def _lost(self, action: str) -> ClaimLostError:
+        return ClaimLostError(
+            f"cannot {action} {self.key!r}: token {self.token!r} no longer holds {self.claim_key!r} "
+            "(its lease lapsed and another caller took it, or the work was completed)",
+            key=self.key,
+        )
+
+    def _wait_schedule(self, timeout: float) -> WaitSchedule:
+        return WaitSchedule(timeout, self.key)

@@ -1,0 +1,1 @@
+"""The wire protocol as plain values: scripts, records, checks, the probe, timing. Imports no client library."""

@@ -1,0 +1,140 @@
+"""The Lua scripts and the native commands: what each operation sends, and the owner checks a server may have."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import Final
+
+from .._errors import (
+    NativeUnavailableError,
+)
+from .checks import NativeMode
+
+# --------------------------------------------------------------------------- scripts
+
+
+@dataclass(frozen=True)
+class Script:
+    """One Lua script of the protocol, and the native command that replaces it.
+
+    Attributes:
+        name: The ``.lua`` file's stem.
+        source: The script text.
+        sha: Its SHA1, as EVALSHA wants it.
+        numkeys: How many of the arguments are keys.
+        native: The server command with the same semantics, if there is one.
+    """
+
+    name: str
+    source: str
+    sha: str
+    numkeys: int
+    native: str | None = None
+
+    @classmethod
+    def load(cls, name: str, numkeys: int, native: str | None = None) -> Script:
+        """Read ``lua/<name>.lua`` from the package and hash it once."""
+        source = (resources.files(__package__) / "lua" / f"{name}.lua").read_text("utf-8")
+        sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
+        return cls(name, source, sha, numkeys, native)
+
+
+CLAIM: Final = Script.load("claim", 2, native="GOBLIN.CLAIM")
+# The same script with the fence counter as a third key; GOBLIN.CLAIM has no fences.
+CLAIM_FENCED: Final = replace(CLAIM, numkeys=3, native=None)
+COMPLETE: Final = Script.load("complete", 2)
+# The same script with the fence counter as a third key: a late completion is then provable.
+COMPLETE_FENCED: Final = replace(COMPLETE, numkeys=3)
+EXTEND: Final = Script.load("extend", 1)
+RELEASE: Final = Script.load("release", 1, native="GOBLIN.CAD")
+PEEK: Final = Script.load("peek", 2)
+FORGET: Final = Script.load("forget", 2)
+SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK, FORGET)
+NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
+
+# Owner checks some servers have built in, needing no module and no scripting:
+# DELIFEQ (Valkey 9.0) and DELEX ... IFEQ (Valkey 9.2, Redis 8.4) delete a key only
+# while it holds a value, as release.lua does; SET ... IFEQ ... EX (Valkey 8.1,
+# Redis 8.4) renews a lease only while the key holds the token, as extend.lua does.
+# The probe asks about the two delete commands. SET's IFEQ is an option, with no
+# command of its own to ask about; it came with or before either of them, so a
+# server with DELIFEQ or DELEX has it (Valkey 8.1 and 8.2, which have SET IFEQ but
+# no DELIFEQ, keep the extend script).
+DELIFEQ: Final = "DELIFEQ"
+DELEX: Final = "DELEX"
+SET_IFEQ: Final = "SET IFEQ"  # a name in the probed set, not a command: inferred, never asked about
+BUILTIN_COMMANDS: Final = (DELIFEQ, DELEX)
+PROBED_COMMANDS: Final = NATIVE_COMMANDS + BUILTIN_COMMANDS
+# What each owner-checked script may become, best first (DELIFEQ is the cheaper delete).
+_OWNER_CHECKS: Final = {EXTEND.name: (SET_IFEQ,), RELEASE.name: (DELIFEQ, DELEX)}
+
+
+def with_owner_checks(found: frozenset[str]) -> frozenset[str]:
+    """``found`` (the probed commands a server has), with ``SET IFEQ`` where it can be inferred."""
+    return found | {SET_IFEQ} if DELIFEQ in found or DELEX in found else found
+
+
+def owner_check(mode: NativeMode, available: frozenset[str] | None, script: Script) -> str | None:
+    """The built-in owner check a call sends instead of ``script`` (extend, release), or ``None``.
+
+    Where the server has one it is preferred, in ``"auto"`` and ``"always"`` alike:
+    it answers as the script does and costs the server least. ``"never"`` means the
+    scripts, always.
+    """
+    if mode == "never" or not available:
+        return None
+    for name in _OWNER_CHECKS.get(script.name, ()):
+        if name in available:
+            return name
+    return None
+
+
+def owner_check_command(name: str, args: tuple[str | bytes | int, ...]) -> tuple[str | bytes | int, ...]:
+    """The command of owner check ``name`` for a script's arguments (extend's, or release's).
+
+    ``SET claim_key token IFEQ token EX seconds`` writes the value the key holds
+    already, so it only renews the lease, as ``EXPIRE`` in extend.lua does; it
+    answers OK where the script answers 1, nil where it answers 0.
+    """
+    if name == SET_IFEQ:
+        key, token, seconds = args[:3]
+        return ("SET", key, token, "IFEQ", token, "EX", seconds)
+    key, token = args[:2]
+    return (DELIFEQ, key, token) if name == DELIFEQ else (DELEX, key, "IFEQ", token)
+
+
+def script_command(
+    script: Script, args: tuple[str | bytes | int, ...], *, source: bool = False
+) -> tuple[str | bytes | int, ...]:
+    """``script`` as one command for a pipeline: EVALSHA, or EVAL of its text (``source``).
+
+    The text is for a server that lost its script cache.
+    """
+    if source:
+        return ("EVAL", script.source, script.numkeys, *args)
+    return ("EVALSHA", script.sha, script.numkeys, *args)
+
+
+def native_command(mode: NativeMode, available: frozenset[str] | None, script: Script, key: str) -> str | None:
+    """The native command a call sends instead of ``script``, or ``None`` for the script.
+
+    Args:
+        mode: The handle's ``native`` setting.
+        available: The native commands the server answers (``None`` until probed).
+        script: The script the call would run.
+        key: The handle's key, for the error.
+
+    Raises:
+        NativeUnavailableError: ``mode`` is ``"always"`` and the server lacks a command.
+    """
+    if mode == "auto":  # first: the common case costs one membership test
+        return script.native if available and script.native in available else None
+    if mode == "always" and not (available or frozenset()).issuperset(NATIVE_COMMANDS):
+        missing = ", ".join(c for c in NATIVE_COMMANDS if not available or c not in available)
+        raise NativeUnavailableError(
+            f'native="always", but the server lacks {missing}; use native="auto" to fall back to scripts',
+            key=key,
+        )
+    return script.native if mode == "always" else None
