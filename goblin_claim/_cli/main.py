@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO, TypeAlias
 
 from .._clients.families import (
     CONNECTION_ERRORS,
@@ -43,6 +43,41 @@ from .scan import DEFAULT_BATCH, DEFAULT_SAMPLE, EXACT_UP_TO, STATES, NodeTally,
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The whole command line: the shared options, then each command group's parser."""
+    parser = argparse.ArgumentParser(
+        prog="goblin-claim",
+        description="Operate goblin-claim: check a server, look at a key, reopen a key, find what is stuck.",
+        epilog="examples:\n"
+        "  goblin-claim doctor --url redis://localhost:6379/0\n"
+        "  goblin-claim inspect evt88\n"
+        "  goblin-claim inspect order-42 --function shop.payments.charge\n"
+        "  goblin-claim inspect order-42 --http POST /payments --owner alice\n"
+        "  goblin-claim forget evt88\n"
+        "  goblin-claim namespaces\n"
+        "  goblin-claim scan --namespace shop.payments.charge --state in-flight\n"
+        "  goblin-claim stats --namespace shop.payments.charge\n"
+        "exit status: 0 when all is well; 1 on a problem (doctor's findings, a key inspect finds odd, a key scan or "
+        "stats finds that acquire() raises on, no server); 2 on bad usage; 141 when the reader closes the pipe "
+        "(| head), as SIGPIPE ends `yes | head`; 130 on Ctrl-C.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    url = _url_options()
+    _add_doctor(commands, url)
+    _add_keys(commands, _key_options(), url)
+    walked = _walk_options()
+    _add_scan(commands, walked, url)
+    _add_stats(commands, walked, url)
+    _add_namespaces(commands, url)
+    return parser
+
+
+if TYPE_CHECKING:
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]  # what add_subparsers() returns
+
+
+def _url_options() -> argparse.ArgumentParser:
+    """``--url``, which every command takes."""
     url = argparse.ArgumentParser(add_help=False)
     url.add_argument(
         "--url",
@@ -51,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
         "(rediss:// for TLS; valkey:// or valkeys:// connect with valkey-py); "
         f"default $REDIS_URL, else {DEFAULT_URL}",
     )
+    return url
+
+
+def _key_options() -> argparse.ArgumentParser:
+    """A key as the operator knows it: ``inspect`` and ``forget``."""
     keyed = argparse.ArgumentParser(add_help=False)
     keyed.add_argument(
         "key",
@@ -85,6 +125,11 @@ def _parser() -> argparse.ArgumentParser:
         default="str",
         help="the type scope= returned (default: str; the int 7 and the str '7' are two owners)",
     )
+    return keyed
+
+
+def _walk_options() -> argparse.ArgumentParser:
+    """A namespace walked with SCAN: ``scan`` and ``stats``."""
     walked = argparse.ArgumentParser(add_help=False)
     walked.add_argument(
         "--namespace",
@@ -100,24 +145,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"SCAN's COUNT: names per round trip; each batch's records are read in one more "
         f"(default: {DEFAULT_BATCH})",
     )
-    parser = argparse.ArgumentParser(
-        prog="goblin-claim",
-        description="Operate goblin-claim: check a server, look at a key, reopen a key, find what is stuck.",
-        epilog="examples:\n"
-        "  goblin-claim doctor --url redis://localhost:6379/0\n"
-        "  goblin-claim inspect evt88\n"
-        "  goblin-claim inspect order-42 --function shop.payments.charge\n"
-        "  goblin-claim inspect order-42 --http POST /payments --owner alice\n"
-        "  goblin-claim forget evt88\n"
-        "  goblin-claim namespaces\n"
-        "  goblin-claim scan --namespace shop.payments.charge --state in-flight\n"
-        "  goblin-claim stats --namespace shop.payments.charge\n"
-        "exit status: 0 when all is well; 1 on a problem (doctor's findings, a key inspect finds odd, a key scan or "
-        "stats finds that acquire() raises on, no server); 2 on bad usage; 141 when the reader closes the pipe "
-        "(| head), as SIGPIPE ends `yes | head`; 130 on Ctrl-C.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return walked
+
+
+def _add_doctor(commands: Commands, url: argparse.ArgumentParser) -> None:
     check = commands.add_parser(
         "doctor",
         parents=[url],
@@ -147,6 +178,9 @@ def _parser() -> argparse.ArgumentParser:
         help="import MODULE first (repeatable): the application module that sets up redis-py's OpenTelemetry "
         "observability, so doctor checks whether its pub/sub metrics record channel names (claim keys)",
     )
+
+
+def _add_keys(commands: Commands, keyed: argparse.ArgumentParser, url: argparse.ArgumentParser) -> None:
     commands.add_parser(
         "inspect",
         parents=[keyed, url],
@@ -164,6 +198,9 @@ def _parser() -> argparse.ArgumentParser:
         "again. Says what was deleted. An owner still working on it completes the key only if nobody claimed it "
         "since.",
     )
+
+
+def _add_scan(commands: Commands, walked: argparse.ArgumentParser, url: argparse.ArgumentParser) -> None:
     lister = commands.add_parser(
         "scan",
         parents=[walked, url],
@@ -189,6 +226,9 @@ def _parser() -> argparse.ArgumentParser:
         help="JSON Lines: one object per key and line (state, key, ttl_ms, holder, note, raises), no header or "
         "summary; no line at all when no key is listed",
     )
+
+
+def _add_stats(commands: Commands, walked: argparse.ArgumentParser, url: argparse.ArgumentParser) -> None:
     counter = commands.add_parser(
         "stats",
         parents=[walked, url],
@@ -217,6 +257,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEYS",
         help=f"walk everything when DBSIZE is at most this, else sample (default: {EXACT_UP_TO})",
     )
+
+
+def _add_namespaces(commands: Commands, url: argparse.ArgumentParser) -> None:
     spaces = commands.add_parser(
         "namespaces",
         parents=[url],
@@ -229,7 +272,6 @@ def _parser() -> argparse.ArgumentParser:
     spaces.add_argument(
         "--json", action="store_true", help='JSON Lines: {"namespace": ..., "keys": N} per line; none when empty'
     )
-    return parser
 
 
 def _positive(text: str) -> int:
