@@ -1,0 +1,147 @@
+"""What a call costs the client's CPU, counted in instructions: goblin-claim beside raw EVALSHA and Powertools.
+
+Wall-clock ratios on a shared two-core machine move by more than the few percent
+a keep-alive or a decoded envelope costs, so this counts instead: each contender
+runs in a child process under ``valgrind --tool=callgrind``, once with a warm-up
+only and once with ``--calls`` more calls, and the difference divided by
+``--calls`` is its user-space instructions per call (the Python interpreter, the
+client library and goblin-claim, not the server, which runs in another process).
+The counts repeat from run to run within a fraction of a percent whatever else the
+machine does.
+
+Rows: ``@idempotent``'s first call with and without its keep-alive, the two raw
+round trips a first call needs (``EVALSHA`` claim, ``SET`` result), Powertools'
+first call (when the ``peers`` group is installed: ``make bench-peers``), and a
+duplicate through ``@idempotent`` against a raw ``EVALSHA`` of the claim script
+that reads the same completed record.
+
+Needs valgrind. Uses REDIS_URL, else starts a redis-server on a free port.
+
+    python benchmarks/instructions.py [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from overhead import server_url  # noqa: E402
+
+from goblin_claim import idempotent  # noqa: E402
+from goblin_claim._protocol.scripts import CLAIM  # noqa: E402
+
+WARM_UP = 200
+CONTENDERS = ("keep-alive", "no-keep-alive", "raw-first", "powertools", "duplicate", "raw-duplicate")
+
+
+def charge(order_id: str) -> dict[str, object]:
+    return {"order_id": order_id, "amount": 5, "status": "charged"}
+
+
+def child(url: str, contender: str, calls: int) -> None:
+    """Run ``WARM_UP + calls`` calls of ``contender`` (in the process callgrind watches)."""
+    client = redis.Redis.from_url(url)
+    ids = itertools.count()
+    run = time.time_ns()
+    total = WARM_UP + calls
+    if contender in ("keep-alive", "no-keep-alive"):
+        first = idempotent(client, key="order_id", namespace=f"ins-{contender}", keep_alive=contender == "keep-alive")(
+            charge
+        )
+        for _ in range(total):
+            first(f"o-{run}-{next(ids)}")
+    elif contender == "raw-first":
+        sha = client.script_load(CLAIM.source)
+        for _ in range(total):
+            key = f"ins-raw:{{o-{run}-{next(ids)}}}"
+            client.evalsha(sha, 2, key, key, "t", 30)
+            client.set(key, b'{"status":"charged"}', ex=30)
+    elif contender == "powertools":
+        from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+        from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisCachePersistenceLayer
+
+        logging.getLogger("aws_lambda_powertools").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore")
+        persistence = RedisCachePersistenceLayer(client=client)
+
+        @idempotent_function(data_keyword_argument="order", persistence_store=persistence, config=IdempotencyConfig())
+        def pt_charge(order: dict[str, object]) -> dict[str, object]:
+            return charge(str(order["order_id"]))
+
+        for _ in range(total):
+            pt_charge(order={"order_id": f"o-{run}-{next(ids)}"})
+    else:
+        duplicate = idempotent(client, key="order_id", namespace=f"ins-dup-{run}")(charge)
+        duplicate("o-1")  # completed: every later call reads the record
+        if contender == "duplicate":
+            for _ in range(total):
+                duplicate("o-1")
+        else:
+            sha = client.script_load(CLAIM.source)
+            record = f"ins-dup-{run}:{{o-1}}"
+            for _ in range(total):
+                client.evalsha(sha, 2, record, record, "t", 30)
+
+
+def instructions(url: str, contender: str, calls: int, out: Path) -> int:
+    """Callgrind's total for one child run."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+         "--child", contender, "--url", url, "--calls", str(calls)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"callgrind printed no total for {contender}:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_call(url: str, contender: str, calls: int, scratch: Path) -> float:
+    base = instructions(url, contender, 0, scratch / f"{contender}.0")
+    loaded = instructions(url, contender, calls, scratch / f"{contender}.{calls}")
+    return (loaded - base) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--child", choices=CONTENDERS)
+    parser.add_argument("--url")
+    args = parser.parse_args()
+    if args.child:
+        child(args.url, args.child, args.calls)
+        return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind not found (Debian: apt-get install valgrind)")
+    contenders = [c for c in CONTENDERS if c != "powertools" or importlib.util.find_spec("aws_lambda_powertools")]
+    with server_url() as url, tempfile.TemporaryDirectory() as scratch:
+        counts = {c: per_call(url, c, args.calls, Path(scratch)) for c in contenders}
+    print(f"user-space instructions per call ({args.calls} calls after {WARM_UP} of warm-up, callgrind)")
+    for contender, count in counts.items():
+        print(f"  {contender:<14} {count / 1000:8.1f}k")
+    ka, nk = counts["keep-alive"], counts["no-keep-alive"]
+    print(f"a keep-alive adds {ka - nk:,.0f} instructions to a first call: {(ka - nk) / ka:.1%} of it")
+    print(f"first call against two raw round trips: {ka / counts['raw-first']:.2f}x the instructions")
+    if "powertools" in counts:
+        print(f"Powertools' first call: {counts['powertools'] / ka:.2f}x the instructions of @idempotent's")
+    print(f"a duplicate against raw EVALSHA: {counts['duplicate'] / counts['raw-duplicate']:.2f}x the instructions")
+
+
+if __name__ == "__main__":
+    main()
