@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import redis
@@ -247,26 +247,15 @@ class _Door:
 
     def _pass_sync(self, response: HttpResponseBase, claim: Claim, fp: str, reason: str, keep: Any) -> HttpResponseBase:
         response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
-        status = response.status_code
+        marker = _http.unstored_payload(fp, response.status_code, reason)
         if not isinstance(response, StreamingHttpResponse):
             keep.__exit__(None, None, None)
-            http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
+            http_sync.mark(claim, marker)
             return response
-        inner = response.streaming_content
-
-        def passing() -> Iterator[bytes]:
-            ended = False
-            try:
-                yield from inner
-                ended = True
-            finally:
-                keep.__exit__(None, None, None)
-                if ended:
-                    http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
-                else:
-                    http_sync.abandon(claim, fp, "the streamed response was not sent whole (the client left)")
-
-        response.streaming_content = passing()
+        response.streaming_content = _http.passed_through(
+            response.streaming_content, keep, functools.partial(http_sync.mark, claim, marker),
+            functools.partial(http_sync.abandon, claim, fp, _http.CUT_STREAM),
+        )  # fmt: skip
         return response
 
     # -- ASGI (async)
@@ -310,10 +299,13 @@ class _Door:
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
             return _response(opened, self.options.problem_docs)
+        # The lease is renewed until the response is settled: a streamed one, until its last chunk went out.
+        keep = claim.keep_alive()
+        await keep.__aenter__()
         try:
-            async with claim.keep_alive():
-                response = await call(request)
+            response = await call(request)
         except BaseException as error:
+            await to_the_end_async(keep.__aexit__(None, None, None))
             if isinstance(error, Exception):
                 await to_the_end_async(http_aio.give_back(claim))
             else:  # cancelled: Django does this when the client disconnects; the view began
@@ -321,41 +313,38 @@ class _Door:
                 await to_the_end_async(_abandon_async(claim, fp, cancelled))
             raise
         status = response.status_code
+        reason = None if self.options.given_back(status) else self._unkept(response)
+        if reason is not None and isinstance(response, StreamingHttpResponse):
+            return self._pass_async(response, claim, fp, reason, keep)
+        await to_the_end_async(keep.__aexit__(None, None, None))
         if self.options.given_back(status):
             await to_the_end_async(http_aio.give_back(claim))
             return response
-        reason = self._unkept(response)
         if reason is not None:
-            return await self._pass_async(response, claim, fp, reason)
+            response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
+            await to_the_end_async(http_aio.mark(claim, _http.unstored_payload(fp, status, reason)))
+            return response
         assert isinstance(response, HttpResponse)
         payload = _http.stored_payload(fp, status, _byte_headers(response), self.options.keeps_header, response.content)
         stored = await to_the_end_async(http_aio.store(claim, payload, status, fp))
         return self._sent(response, stored)
 
-    async def _pass_async(self, response: HttpResponseBase, claim: AsyncClaim, fp: str, reason: str) -> Any:
+    def _pass_async(
+        self, response: StreamingHttpResponse, claim: AsyncClaim, fp: str, reason: str, keep: Any
+    ) -> StreamingHttpResponse:
+        """Pass a stream on as it is made (a sync one too, a chunk at a time), renewing the lease until it ends."""
         response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
-        status = response.status_code
-        marker = _http.unstored_payload(fp, status, reason)
-        if not isinstance(response, StreamingHttpResponse) or not response.is_async:
-            # A sync stream under ASGI is consumed by Django in a thread: marked as passed on.
-            await to_the_end_async(http_aio.mark(claim, marker))
-            return response
+        marker = _http.unstored_payload(fp, response.status_code, reason)
         inner = response.streaming_content
+        chunks = inner if response.is_async else _async_chunks(inner)
 
-        async def passing() -> AsyncIterator[bytes]:
-            ended = False
-            try:
-                async for chunk in inner:
-                    yield chunk
-                ended = True
-            finally:
-                if ended:
-                    await to_the_end_async(http_aio.mark(claim, marker))
-                else:
-                    cut = "the streamed response was not sent whole (the client left)"
-                    await to_the_end_async(_abandon_async(claim, fp, cut))
+        async def ended() -> None:
+            await to_the_end_async(http_aio.mark(claim, marker))
 
-        response.streaming_content = passing()
+        async def cut() -> None:
+            await to_the_end_async(_abandon_async(claim, fp, _http.CUT_STREAM))
+
+        response.streaming_content = _http.apassed_through(chunks, keep, ended, cut)
         return response
 
     # -- both
@@ -377,6 +366,25 @@ class _Door:
         if stored == "failed":
             response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
         return response
+
+
+_END: Any = object()
+
+
+async def _async_chunks(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    """A sync stream's chunks, each made in a thread: Django would otherwise read it whole before sending it."""
+    iterator = iter(chunks)
+    step = sync_to_async(functools.partial(next, iterator, _END))
+    try:
+        while True:
+            chunk = await step()
+            if chunk is _END:
+                return
+            yield chunk
+    finally:
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            await sync_to_async(close)()
 
 
 async def _abandon_async(claim: AsyncClaim, fp: str, reason: str) -> None:

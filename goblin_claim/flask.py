@@ -26,7 +26,8 @@ SIGKILL leaves its claim to lapse after ``lease``, and a retry then runs again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flask import Flask, Response, g, request
@@ -200,27 +201,15 @@ class Idempotency:
 def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> Response:
     """Send a response that is not kept, marked so; duplicates are told once it ended (or kept closed if not)."""
     response.headers[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
-    status = response.status_code
+    marker = _http.unstored_payload(fp, response.status_code, reason)
     if not response.is_streamed:
         keep.__exit__(None, None, None)
-        http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
+        http_sync.mark(claim, marker)
         return response
-    inner = response.response
-
-    def passing() -> Iterator[bytes]:
-        ended = False
-        try:
-            for chunk in inner:
-                yield chunk if isinstance(chunk, bytes) else chunk.encode()
-            ended = True
-        finally:
-            keep.__exit__(None, None, None)
-            if ended:
-                http_sync.mark(claim, _http.unstored_payload(fp, status, reason))
-            else:
-                http_sync.abandon(claim, fp, "the streamed response was not sent whole (the client left)")
-
-    response.response = passing()
+    response.response = _http.passed_through(
+        response.response, keep, functools.partial(http_sync.mark, claim, marker),
+        functools.partial(http_sync.abandon, claim, fp, _http.CUT_STREAM),
+    )  # fmt: skip
     return response
 
 
