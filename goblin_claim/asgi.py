@@ -173,6 +173,11 @@ class IdempotencyMiddleware:
             ``key-reused``, ``in-flight``, ``abandoned``, ``not-kept``, ``no-owner``,
             ``body-too-large``, ``store-unavailable``, ``claim-lost``, ``result-lost``,
             ``result-unreadable``) instead of ``about:blank``.
+        fingerprint: What makes two requests with one key "the same request":
+            ``"auto"`` (the default: JSON compared as canonical JSON, form and
+            multipart bodies by their fields, anything else byte for byte, with
+            the query string), ``"bytes"``, ``"json"``, ``"form"``, ``"multipart"``,
+            or a function of the ASGI scope returning ``str`` or ``bytes``.
         namespace: Prefix of every Redis key the middleware writes; no braces.
 
     Example::
@@ -213,6 +218,7 @@ class IdempotencyMiddleware:
         release_statuses: Iterable[int] = DEFAULT_RELEASE_STATUSES,
         stream_types: Iterable[str] = DEFAULT_STREAM_TYPES,
         problem_docs: str | None = None,
+        fingerprint: str | Callable[[Scope], str | bytes] = "auto",
         namespace: str = "goblin-http",
         routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = None,
     ) -> None:
@@ -230,7 +236,8 @@ class IdempotencyMiddleware:
             required=required, methods=methods, header=header, lease=lease, ttl=ttl, wait=wait, scope=scope,
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
-            stream_types=stream_types, problem_docs=problem_docs, namespace=namespace, routes=routes,
+            stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
+            routes=routes,
         )  # fmt: skip
         self.required = options.required
         self.methods = options.methods

@@ -59,8 +59,9 @@ class IdempotencyMiddleware:
         **options: The ASGI middleware's options (``required``, ``routes``, ``methods``,
             ``header``, ``lease``, ``ttl``, ``wait``, ``scope``, ``shared_scope``,
             ``max_body_bytes``, ``max_response_bytes``, ``replay_headers``,
-            ``release_statuses``, ``namespace``); ``scope`` and a ``routes`` function
-            receive the WSGI environ, ``routes`` patterns match ``SCRIPT_NAME + PATH_INFO``.
+            ``release_statuses``, ``fingerprint``, ``namespace``); ``scope``, a ``routes``
+            function and a ``fingerprint`` function receive the WSGI environ, ``routes``
+            patterns match ``SCRIPT_NAME + PATH_INFO``.
 
     Example::
 

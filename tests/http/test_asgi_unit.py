@@ -1324,3 +1324,28 @@ def test_an_unreadable_stored_value_is_500_and_never_echoed(caplog: pytest.LogCa
             assert "customer-key-42" not in record.getMessage()
 
     run(scenario)
+
+
+# --------------------------------------------------------------------------- fingerprint=
+
+
+def test_fingerprint_option_is_taken_as_the_other_doors_take_it(native: bool) -> None:
+    """``fingerprint=`` on the ASGI middleware: "bytes" tells reordered JSON apart, a function decides alone."""
+
+    async def scenario(client: Any) -> None:
+        json_type = {"content_type": "application/json"}
+        app = App()
+        by_bytes = wrap(app, client, fingerprint="bytes")
+        assert (await call(by_bytes, http_scope(key="k-bytes", **json_type), b'{"a":1,"b":2}')).status == 201
+        reordered = await call(by_bytes, http_scope(key="k-bytes", **json_type), b'{"b":2,"a":1}')
+        reordered.problem(422)  # byte for byte: another request
+        by_path = wrap(app, client, fingerprint=lambda scope: scope["path"])
+        assert (await call(by_path, http_scope(key="k-fn"), b"one")).status == 201
+        replayed = await call(by_path, http_scope(key="k-fn"), b"another body")
+        assert replayed.status == 201
+        assert replayed.header(b"idempotent-replayed") == b"true"
+        assert app.runs == 2
+        with pytest.raises(InvalidArgumentError):
+            wrap(app, client, fingerprint="xml")
+
+    run(scenario, native)
