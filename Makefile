@@ -97,7 +97,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict goblin_claim tests/typecheck
-	$(BIN)/python tools/gen_async.py --check
+	$(BIN)/python tools/unasync.py --check
 
 # pytest exits 5 when it collected no tests: that is a failure here, said out loud.
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist), each starting servers of

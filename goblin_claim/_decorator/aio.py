@@ -1,7 +1,6 @@
-# Generated from _decorator/sync.py by tools/gen_async.py: edit _decorator/sync.py, then run that script.
-"""The I/O flow of ``@idempotent`` on an ``async def``, over ``AsyncClaim``.
+"""The I/O flow of ``@idempotent`` over ``AsyncClaim``.
 
-The mirror of ``_decorator/sync.py``, which it is generated from.
+Of the two flavours the asyncio one is written, the sync one generated from it (``tools/unasync.py``).
 Every decision lives in ``plan._Spec``::
 
     acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
@@ -9,7 +8,7 @@ Every decision lives in ``plan._Spec``::
        ├─Completed──► decode: value, stored error, or PayloadMismatchError
        └─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
 
-Interrupted anywhere (an asyncio cancellation, a ``KeyboardInterrupt``), the flow
+Interrupted anywhere (a task's cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
 and once the function has returned its result is stored before the interruption
 goes on (``to_the_end``).

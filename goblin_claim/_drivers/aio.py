@@ -1,12 +1,11 @@
-# Generated from _drivers/sync.py by tools/gen_async.py: edit _drivers/sync.py, then run that script.
 """``AsyncClaim``: the claim protocol over an asyncio redis-py client.
 
-The mirror of ``_drivers/sync.py``, name for name; the decisions live in ``_handle`` and ``_protocol``.
+Of the two flavours the asyncio one is written, the sync one generated from it (``tools/unasync.py``), name for name.
+The decisions live in ``_handle`` and ``_protocol``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -53,8 +52,9 @@ from .._protocol.scripts import (
     script_command,
 )
 from .._protocol.timing import WaitSchedule
+from ._aio_primitives import load_commands, sleep, wakeups
 from .keepalive import AsyncKeepAlive
-from .wakeup import async_wakeups, wake_kind
+from .wakeup import wake_kind
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -522,7 +522,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         schedule.start(time.monotonic())
         # complete(), release() and forget() announce on the claim key's channel:
         # a wake-up cuts the sleep short. Polling stays, as the fallback and the guard.
-        subscriber = async_wakeups(self._client)
+        subscriber = wakeups(self._client)
         woken = subscriber.watch(self.claim_key) if subscriber is not None else None
         try:
             while True:
@@ -539,7 +539,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
                 if delay is None:
                     raise failure or schedule.expired()
-                await _sleep(woken, delay)
+                await sleep(woken, delay)
                 if _events.enabled:
                     _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
         finally:
@@ -550,10 +550,10 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """Renew the lease in the background while a block runs.
 
         Renews every ``interval`` seconds (default: a third of the lease) from a
-        daemon thread (``Claim``) or a task (``AsyncClaim``), and stops when the
-        block exits. A renewal that finds the claim lost stops and sets
-        ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing
-        (with ``fencing=True`` it stores the result if nobody claimed the key since).
+        task (a daemon thread for a sync client), and stops when the block exits.
+        A renewal that finds the claim lost stops and sets ``lost``; ``complete()``
+        then raises ``ClaimLostError`` and writes nothing (with ``fencing=True`` it
+        stores the result if nobody claimed the key since).
 
         Example::
 
@@ -593,7 +593,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 if delay is None:
                     raise
             first = False
-            await _sleep(None, delay)
+            await sleep(None, delay)
 
     async def _call(
         self,
@@ -752,22 +752,6 @@ def _unrun(sends: Sends | None) -> None:
         sends.count -= 1
 
 
-async def _sleep(woken: asyncio.Event | None, delay: float) -> None:
-    """Sleep ``delay`` seconds, or until ``woken`` is set.
-
-    ``asyncio.wait``, not ``wait_for``: before Python 3.12 a ``wait_for`` whose inner
-    wait finishes just as the caller is cancelled returns, and the cancellation is lost.
-    """
-    if woken is None:
-        await asyncio.sleep(delay)
-    else:
-        waiter = asyncio.ensure_future(woken.wait())
-        try:
-            await asyncio.wait((waiter,), timeout=delay)
-        finally:
-            waiter.cancel()
-
-
 async def _waited(client: AsyncClient, key: str, commands: Sequence[Args], sends: Sends | None = None) -> list[object]:
     """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary."""
     if isinstance(client, ASYNC_CLUSTERS):
@@ -904,7 +888,7 @@ async def _prepare(client: AsyncClient, state: ClientState) -> None:
         if isinstance(client, ASYNC_CLUSTERS):
             # The cluster client refuses commands missing from the table it loaded
             # at start, so that table is what decides; SCRIPT LOAD reaches every primary.
-            await client.initialize()  # loads the command table on first use
+            await load_commands(client)
             state.native = native_from_command_table(client.commands_parser.commands)
             for script in SCRIPTS:
                 # An ACL without +script refuses this; EVAL then recovers on first use.

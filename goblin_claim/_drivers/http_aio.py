@@ -1,4 +1,7 @@
-"""The ASGI doors' claim path over ``AsyncClaim``: open a request's claim, store or mark its answer, give it back."""
+"""The ASGI doors' claim path over ``AsyncClaim``: open a request's claim, store or mark its answer, give it back.
+
+Of the two flavours the asyncio one is written, the sync one generated from it (``tools/unasync.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,35 +9,73 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from .. import _http
+from .._clients.families import adapt
+from .._clients.kinds import client_kind
 from .._clients.transport import to_the_end_async
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
+    InvalidArgumentTypeError,
     ResultLostError,
     StillInFlightError,
 )
-from .._http import (
-    STORE_WINDOW,
-    Answer,
-)
+from .._http import STORE_WINDOW, Answer, Options
 from .._outcomes import Completed, InFlight
 from .._protocol.timing import WaitSchedule
+from ._aio_primitives import CANCELLED, CLIENT_KIND, NEEDS
 from .aio import AsyncClaim
 
 logger = logging.getLogger("goblin_claim.asgi")
 
 
+class AsyncDoor:
+    """The client a door claims through (made on first use by a factory), and its options."""
+
+    def __init__(self, client: Any, options: Options) -> None:
+        self.options = options
+        self._client: Any = None
+        self._factory: Callable[[], Any] | None = None
+        client = adapt(client)  # a GLIDE client: its adapter
+        if client_kind(client) is None and callable(client):
+            self._factory = client
+        else:
+            _check_client(client)
+            self._client = client
+
+    def client(self) -> Any:
+        """The client, made by the factory on first use."""
+        client = self._client
+        if client is None:
+            assert self._factory is not None
+            made = adapt(self._factory())
+            _check_client(made)
+            self._client = client = made
+        return client
+
+    def claim(self, method: str, path: str, owner: str | None, key: str, fp: str) -> AsyncClaim:
+        """The claim for one request's key, with a token carrying its fingerprint."""
+        options = self.options
+        return AsyncClaim(
+            self.client(), _http.claim_name(method, path, owner, key), lease=options.lease, ttl=options.ttl,
+            namespace=options.namespace, token=_http.claim_token(fp),
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the claim's round trips
+
+
 async def open_claim(
-    options: _http.Options, claim: AsyncClaim, fp: str, accept_encoding: bytes | None = None
+    options: Options, claim: AsyncClaim, fp: str, accept_encoding: bytes | None = None
 ) -> Answer | None:
     """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem).
 
-    Shared by the ASGI middleware and Django's door under ASGI. A claim whose
-    round trip was cancelled is given back before the cancellation goes on.
+    A claim whose round trip was cut short (``CANCELLED``) is given back before the
+    interruption goes on.
     """
     try:
         outcome = await claim.acquire()
@@ -50,7 +91,7 @@ async def open_claim(
     except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
         logger.warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), type(exc).__name__)
         return _http.problem(503, _http.UNAVAILABLE, retry=True)
-    except asyncio.CancelledError:
+    except CANCELLED:
         # The claim (or wait()'s takeover) may have landed with its reply lost to the
         # cancellation: give this token's claim back, or the key stays blocked by
         # nobody for the whole lease. Owner-checked, so a no-op when it never landed.
@@ -114,11 +155,26 @@ async def mark(claim: AsyncClaim, marker: bytes) -> None:
         )  # fmt: skip
 
 
-async def give_back(claim: AsyncClaim) -> None:
-    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise)."""
+async def abandon(claim: AsyncClaim, fp: str, reason: str) -> None:
+    """Keep a request that began but ended without a whole response closed: duplicates get 422."""
+    logger.warning("key %s: %s; the key is kept closed, duplicates are answered 422", _digest(claim), reason)
+    await mark(claim, _http.abandoned_payload(fp, reason))
+
+
+async def give_back(claim: AsyncClaim) -> bool:
+    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise): whether it did."""
     with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
-        await claim.release()
+        return await claim.release()
+    return False
 
 
 def _digest(claim: AsyncClaim) -> str:
     return _http.key_digest(claim.key)
+
+
+def _check_client(client: object) -> None:
+    if client_kind(client) is not CLIENT_KIND:
+        raise InvalidArgumentTypeError(
+            f"this middleware needs {NEEDS} or a function of no "
+            f"arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
+        )

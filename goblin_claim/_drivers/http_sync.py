@@ -1,4 +1,8 @@
-"""The WSGI doors' claim path over ``Claim``: open a request's claim, store or mark its answer, give it back."""
+# Generated from _drivers/http_aio.py by tools/unasync.py: edit _drivers/http_aio.py, then run that script.
+"""The WSGI doors' claim path over ``Claim``: open a request's claim, store or mark its answer, give it back.
+
+Of the two flavours the asyncio one is written, the sync one generated from it (``tools/unasync.py``).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from typing import Any, Literal
 
 from .. import _http
 from .._clients.families import adapt
-from .._clients.kinds import SYNC_NEEDS, client_kind
+from .._clients.kinds import client_kind
+from .._clients.transport import to_the_end
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -22,13 +27,14 @@ from .._errors import (
 from .._http import STORE_WINDOW, Answer, Options
 from .._outcomes import Completed, InFlight
 from .._protocol.timing import WaitSchedule
+from ._sync_primitives import CANCELLED, CLIENT_KIND, NEEDS
 from .sync import Claim
 
 logger = logging.getLogger("goblin_claim.wsgi")
 
 
 class SyncDoor:
-    """The sync client a door claims through (made on first use by a factory), and its options."""
+    """The client a door claims through (made on first use by a factory), and its options."""
 
     def __init__(self, client: Any, options: Options) -> None:
         self.options = options
@@ -38,7 +44,7 @@ class SyncDoor:
         if client_kind(client) is None and callable(client):
             self._factory = client
         else:
-            _check_sync_client(client)
+            _check_client(client)
             self._client = client
 
     def client(self) -> Any:
@@ -47,7 +53,7 @@ class SyncDoor:
         if client is None:
             assert self._factory is not None
             made = adapt(self._factory())
-            _check_sync_client(made)
+            _check_client(made)
             self._client = client = made
         return client
 
@@ -60,11 +66,17 @@ class SyncDoor:
         )  # fmt: skip
 
 
-# --------------------------------------------------------------------------- the claim's round trips (sync)
+# --------------------------------------------------------------------------- the claim's round trips
 
 
-def open_claim(options: Options, claim: Claim, fp: str, accept_encoding: bytes | None = None) -> Answer | None:
-    """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem)."""
+def open_claim(
+    options: Options, claim: Claim, fp: str, accept_encoding: bytes | None = None
+) -> Answer | None:
+    """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem).
+
+    A claim whose round trip was cut short (``CANCELLED``) is given back before the
+    interruption goes on.
+    """
     try:
         outcome = claim.acquire()
         if isinstance(outcome, InFlight):
@@ -79,8 +91,17 @@ def open_claim(options: Options, claim: Claim, fp: str, accept_encoding: bytes |
     except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
         logger.warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), type(exc).__name__)
         return _http.problem(503, _http.UNAVAILABLE, retry=True)
+    except CANCELLED:
+        # The claim (or wait()'s takeover) may have landed with its reply lost to the
+        # cancellation: give this token's claim back, or the key stays blocked by
+        # nobody for the whole lease. Owner-checked, so a no-op when it never landed.
+        to_the_end(give_back(claim))
+        raise
     if isinstance(outcome, Completed):
-        return _http.replay(outcome.value, fp, accept_encoding)
+        answer = _http.replay(outcome.value, fp, accept_encoding)
+        if answer.status == 500 and _http.REPLAYED_HEADER not in answer.headers:
+            logger.warning("key %s: a duplicate was answered %d", _digest(claim), answer.status)
+        return answer
     return None
 
 
@@ -90,20 +111,26 @@ def store(claim: Claim, payload: bytes, status: int, fp: str) -> Literal["stored
         _complete(claim, payload)
         return "stored"
     except ClaimLostError:
+        # Another request took the key over after this lease lapsed: the answer
+        # that is (or will be) stored is theirs, so this one is not given out.
         logger.warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
         return "lost"
     except GoblinClaimError as exc:
+        # The app ran: its answer is sent all the same, marked unstored.
         logger.warning(
             "key %s: the response could not be stored (%s); it will not be replayed", _digest(claim), type(exc).__name__
         )
         failure = exc
     if not isinstance(failure, ConnectionFailedError):
+        # A refused write (maxmemory, a size limit) may still take a marker a few
+        # bytes long; a connection that failed through the store window would not.
         mark(claim, _http.unstored_payload(fp, status, f"it could not be stored: {str(failure)[:200]}"))
     return "failed"
 
 
 def _complete(claim: Claim, payload: bytes) -> None:
-    # Owner-checked and safe to send twice: a dropped connection is retried for a while.
+    # Owner-checked and safe to send twice, so a dropped connection is retried
+    # for a while (it also lands after the lease if nobody claimed the key since).
     schedule = WaitSchedule(min(float(claim.lease), STORE_WINDOW), claim.key)
     schedule.start(time.monotonic())
     while True:
@@ -134,19 +161,20 @@ def abandon(claim: Claim, fp: str, reason: str) -> None:
     mark(claim, _http.abandoned_payload(fp, reason))
 
 
-def give_back(claim: Claim) -> None:
-    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise)."""
+def give_back(claim: Claim) -> bool:
+    """Release ``claim`` if this token holds it (owner-checked, so a no-op otherwise): whether it did."""
     with contextlib.suppress(GoblinClaimError):  # if Redis is gone, the claim frees itself after its lease
-        claim.release()
+        return claim.release()
+    return False
 
 
 def _digest(claim: Claim) -> str:
     return _http.key_digest(claim.key)
 
 
-def _check_sync_client(client: object) -> None:
-    if client_kind(client) is not False:
+def _check_client(client: object) -> None:
+    if client_kind(client) is not CLIENT_KIND:
         raise InvalidArgumentTypeError(
-            f"this middleware needs {SYNC_NEEDS} or a function of no "
+            f"this middleware needs {NEEDS} or a function of no "
             f"arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
         )

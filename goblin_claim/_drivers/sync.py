@@ -1,12 +1,13 @@
+# Generated from _drivers/aio.py by tools/unasync.py: edit _drivers/aio.py, then run that script.
 """``Claim``: the claim protocol over a sync redis-py client.
 
-The mirror of ``_drivers/aio.py``, name for name; the decisions live in ``_handle`` and ``_protocol``.
+Of the two flavours the asyncio one is written, the sync one generated from it (``tools/unasync.py``), name for name.
+The decisions live in ``_handle`` and ``_protocol``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 from .. import _events
 from .._clients.cluster import is_redirect, node_round
 from .._clients.errors import failed, is_reshaping, raised_by_client, translate
-from .._clients.families import CLUSTER_ERRORS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, adapt
+from .._clients.families import CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, adapt
 from .._clients.transport import (
     ClientState,
     Sends,
@@ -52,8 +53,9 @@ from .._protocol.scripts import (
     script_command,
 )
 from .._protocol.timing import WaitSchedule
+from ._sync_primitives import load_commands, sleep, wakeups
 from .keepalive import KeepAlive
-from .wakeup import wake_kind, wakeups
+from .wakeup import wake_kind
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -76,8 +78,8 @@ class Claim(ClaimBase["SyncClient"]):
     act only while this handle's token holds the claim.
 
     Args:
-        client: A ``redis.Redis`` or ``redis.cluster.RedisCluster`` (or valkey-py's
-            ``valkey.Valkey`` / ``valkey.cluster.ValkeyCluster``), with or without
+        client: A ``redis.Redis`` or ``redis.cluster.RedisCluster`` (or
+            valkey-py's ``valkey.Valkey`` / ``valkey.cluster.ValkeyCluster``), with or without
             ``decode_responses``.
         key: The idempotency key (any non-empty str).
         lease: Seconds the claim is held before a crashed owner's work reopens.
@@ -107,7 +109,7 @@ class Claim(ClaimBase["SyncClient"]):
             case Completed(value=value):
                 reply(value)
             case InFlight():
-                reply(claim.wait(timeout=10).value)
+                reply((claim.wait(timeout=10)).value)
 
     Not guaranteed: a claim written to a primary that fails over before it
     replicated can be lost, and a second caller may then run the work too.
@@ -538,7 +540,7 @@ class Claim(ClaimBase["SyncClient"]):
                 delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
                 if delay is None:
                     raise failure or schedule.expired()
-                _sleep(woken, delay)
+                sleep(woken, delay)
                 if _events.enabled:
                     _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
         finally:
@@ -549,10 +551,10 @@ class Claim(ClaimBase["SyncClient"]):
         """Renew the lease in the background while a block runs.
 
         Renews every ``interval`` seconds (default: a third of the lease) from a
-        daemon thread (``Claim``) or a task (``AsyncClaim``), and stops when the
-        block exits. A renewal that finds the claim lost stops and sets
-        ``lost``; ``complete()`` then raises ``ClaimLostError`` and writes nothing
-        (with ``fencing=True`` it stores the result if nobody claimed the key since).
+        task (a daemon thread for a sync client), and stops when the block exits.
+        A renewal that finds the claim lost stops and sets ``lost``; ``complete()``
+        then raises ``ClaimLostError`` and writes nothing (with ``fencing=True`` it
+        stores the result if nobody claimed the key since).
 
         Example::
 
@@ -592,7 +594,7 @@ class Claim(ClaimBase["SyncClient"]):
                 if delay is None:
                     raise
             first = False
-            _sleep(None, delay)
+            sleep(None, delay)
 
     def _call(
         self,
@@ -751,14 +753,6 @@ def _unrun(sends: Sends | None) -> None:
         sends.count -= 1
 
 
-def _sleep(woken: threading.Event | None, delay: float) -> None:
-    """Sleep ``delay`` seconds, or until ``woken`` is set."""
-    if woken is None:
-        time.sleep(delay)
-    else:
-        woken.wait(delay)
-
-
 def _waited(client: SyncClient, key: str, commands: Sequence[Args], sends: Sends | None = None) -> list[object]:
     """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary."""
     if isinstance(client, CLUSTERS):
@@ -895,6 +889,7 @@ def _prepare(client: SyncClient, state: ClientState) -> None:
         if isinstance(client, CLUSTERS):
             # The cluster client refuses commands missing from the table it loaded
             # at start, so that table is what decides; SCRIPT LOAD reaches every primary.
+            load_commands(client)
             state.native = native_from_command_table(client.commands_parser.commands)
             for script in SCRIPTS:
                 # An ACL without +script refuses this; EVAL then recovers on first use.

@@ -205,3 +205,19 @@ def test_the_wsgi_middleware_imports_no_web_framework() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_duplicate_answered_500_is_warned_about(client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A duplicate whose stored value cannot be read is answered 500, and the door says so (as the ASGI one does)."""
+    app = App()
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS)
+    call(middleware)
+    (name,) = client.keys(f"{NS}:*")
+    _, token, _ = client.get(name).split(b" ", 2)
+    client.set(name, b"done " + token + b" not an envelope")
+    with caplog.at_level(logging.WARNING, logger="goblin_claim.wsgi"):
+        assert call(middleware).status == 500
+    assert any(
+        "a duplicate was answered 500" in r.getMessage() for r in caplog.records if r.name == "goblin_claim.wsgi"
+    )
+    assert app.runs == 1

@@ -1,0 +1,44 @@
+"""What the asyncio flavour does that the generator cannot derive: its twin is ``_sync_primitives.py``.
+
+``tools/unasync.py`` makes each sync module from its asyncio source by rules that
+know no line of the source; what differs in more than a word lives here, under
+the same names as in the sync flavour's module, so a source imports it from here
+and its generated twin from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .._clients.kinds import ASYNC_NEEDS
+from .wakeup import async_wakeups as wakeups
+
+__all__ = ["CANCELLED", "CLIENT_KIND", "NEEDS", "load_commands", "sleep", "wakeups"]
+
+# What a round trip cut short by the caller raises: an asyncio task's cancellation.
+CANCELLED: tuple[type[BaseException], ...] = (asyncio.CancelledError,)
+# What ``client_kind`` answers for a client of this flavour, and the words saying which clients those are.
+CLIENT_KIND = True
+NEEDS = ASYNC_NEEDS
+
+
+async def sleep(woken: asyncio.Event | None, delay: float) -> None:
+    """Sleep ``delay`` seconds, or until ``woken`` is set.
+
+    ``asyncio.wait``, not ``wait_for``: before Python 3.12 a ``wait_for`` whose inner
+    wait finishes just as the caller is cancelled returns, and the cancellation is lost.
+    """
+    if woken is None:
+        await asyncio.sleep(delay)
+    else:
+        waiter = asyncio.ensure_future(woken.wait())
+        try:
+            await asyncio.wait((waiter,), timeout=delay)
+        finally:
+            waiter.cancel()
+
+
+async def load_commands(cluster: Any) -> None:
+    """Load a cluster client's command table: the asyncio client reads it on first use."""
+    await cluster.initialize()

@@ -1,0 +1,35 @@
+"""What the sync flavour does that the generator cannot derive: its twin is ``_aio_primitives.py``.
+
+The generated sync modules import from here what their asyncio sources import
+from there, under the same names.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .._clients.kinds import SYNC_NEEDS
+from .wakeup import wakeups
+
+__all__ = ["CANCELLED", "CLIENT_KIND", "NEEDS", "load_commands", "sleep", "wakeups"]
+
+# What a round trip cut short by the caller raises: nothing, a thread is not cancelled
+# (a KeyboardInterrupt is the drivers' own to handle, as any BaseException).
+CANCELLED: tuple[type[BaseException], ...] = ()
+# What ``client_kind`` answers for a client of this flavour, and the words saying which clients those are.
+CLIENT_KIND = False
+NEEDS = SYNC_NEEDS
+
+
+def sleep(woken: threading.Event | None, delay: float) -> None:
+    """Sleep ``delay`` seconds, or until ``woken`` is set."""
+    if woken is None:
+        time.sleep(delay)
+    else:
+        woken.wait(delay)
+
+
+def load_commands(cluster: Any) -> None:
+    """Load a cluster client's command table: the sync client read it when it was made."""
