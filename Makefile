@@ -5,12 +5,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools
 
-.PHONY: demo test install redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers chaos clean
+.PHONY: demo test check install redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers chaos clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
 
 test: $(STAMP) redis-server valkey-server native lint typecheck pytest
+
+# The development lane, under 3 minutes on two cores: lint, types, the generator check,
+# then the tests that stay on fakeredis and one standalone redis-server (pytest
+# --lane=check, a rule in tests/conftest.py, not a list: a new test joins the lane by
+# itself unless it is marked slow/alone, is parametrized onto another tier, server or
+# client family (cluster, replica, sentinel, native module, Valkey, GLIDE), starts
+# servers of its own or worker/server processes (gunicorn, uvicorn, the job queues),
+# or lives in tests/deployment, tests/docs or tests/cli). Unmeasured. `make test` stays
+# the whole suite, and what CI runs (.ci/run).
+check: $(STAMP) redis-server lint typecheck
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --lane=check; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest ran no tests: failing" >&2; exit 1; fi; exit $$status
 
 install: $(STAMP)
 

@@ -31,6 +31,7 @@ import functools
 import inspect
 import itertools
 import os
+import re
 import signal
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -438,6 +439,82 @@ def valkey_py_backend(name: str, host: str, port: int, cluster: bool) -> Backend
         is_server=True,
         make_raw=raw.make_sync,
     )
+
+
+# --------------------------------------------------------------------------- the check lane
+
+# ``pytest --lane=check`` (``make check``) runs the development lane: every test whose
+# parameters stay on fakeredis and the session's one standalone redis-server. A rule,
+# not a list, so a new test joins it by itself. It leaves out a test that
+#   - is marked ``slow`` or ``alone``;
+#   - is parametrized onto another backend, client family or server: a ``backend``
+#     outside CHECK_BACKENDS, or any parameter naming one (CHECK_OTHER_WORDS: ``valkey``
+#     for ``redis_server_binary`` / ``each_server``, ``redis_cluster``, ``glide`` ...);
+#   - asks for another tier's session servers, the reference module or servers of its
+#     own (CHECK_OTHER_TIERS: ``own_server``, ``redis_server_binary``, ``broker``);
+#   - lives in a module that starts worker or server processes (gunicorn,
+#     ``python -m uvicorn``, the job queues' workers: ``_process_starters``);
+#   - lives in a folder whose concern is processes and servers rather than the SDK's
+#     paths (CHECK_FOLDERS_LEFT_OUT): ``deployment/`` (failover, replication,
+#     persistence, ACL lines on servers of each test's own), ``docs/`` (the examples,
+#     run as scripts) and ``cli/`` (the command run as a process, in shell pipelines).
+# ``make test`` passes no --lane and runs everything.
+CHECK_BACKENDS = frozenset({"fake", "fake-native", "standalone"})
+CHECK_OTHER_TIERS = frozenset(
+    {f"redis_{tier}" for tier in _TIERS if tier != "standalone"}
+    | {f"valkey_{tier}" for tier in _TIERS}
+    | {"goblin_module", "own_server", "redis_server_binary", "broker"}
+)
+CHECK_FOLDERS_LEFT_OUT = frozenset({"deployment", "docs", "cli"})
+CHECK_OTHER_WORDS = frozenset({"valkey", "cluster", "replica", "replicated", "sentinel", "native", "glide"})
+
+
+def _process_starters() -> tuple[Any, ...]:
+    from tests.support import asgi_server, queue_workers
+
+    return (asgi_server.serve_process, asgi_server.serve_gunicorn, queue_workers, queue_workers.Worker)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--lane=check``: the development lane (fakeredis and one standalone redis-server)."""
+    parser.addoption(
+        "--lane",
+        choices=("all", "check"),
+        default="all",
+        help="check: only the tests on fakeredis and one standalone redis-server, no worker processes",
+    )
+
+
+def _in_check_lane(item: pytest.Item, starters: tuple[Any, ...]) -> bool:
+    if item.get_closest_marker("slow") or item.get_closest_marker("alone"):
+        return False
+    if item.path.parent.name in CHECK_FOLDERS_LEFT_OUT and item.path.parent.parent.name == "tests":
+        return False
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    if "backend" in params and params["backend"] not in CHECK_BACKENDS:
+        return False
+    for value in params.values():
+        if isinstance(value, str) and value not in CHECK_BACKENDS and CHECK_OTHER_WORDS & set(re.split(r"[-_]", value)):
+            return False  # a parameter naming another server, tier or client family
+    if CHECK_OTHER_TIERS.intersection(getattr(item, "fixturenames", ())):
+        return False
+    module = getattr(item, "module", None)
+    names = vars(module).values() if module is not None else ()
+    return not any(value is starter for value in names for starter in starters)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--lane=check``, deselect the tests outside the development lane (see above)."""
+    if config.getoption("lane") != "check":
+        return
+    starters = _process_starters()
+    kept, dropped = [], []
+    for item in items:
+        (kept if _in_check_lane(item, starters) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
