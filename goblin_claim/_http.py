@@ -35,8 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from ._defaults import LEASE, TTL
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._protocol.checks import check_namespace, check_seconds, check_timeout, describe
-from ._protocol.record import DONE_PREFIX
-from ._protocol.record import new_token as _new_token
+from ._protocol.record import fingerprinted_token, holder_fp
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 # RFC 9110 section 7.6.1, plus the pre-standard ones proxies still send.
@@ -950,20 +949,7 @@ def claim_name(method: str, path: str, owner: str | None, key: str) -> str:
 
 def claim_token(fp: str) -> str:
     """A fresh token carrying the request's fingerprint, so an in-flight duplicate is compared in one reply."""
-    return f"{_new_token()}.{fp}"
-
-
-def holder_fp(holder: object) -> str | None:
-    """The fingerprint in a holder's token, if any.
-
-    ``<token>.<fp>`` while in flight and as a completed record's token; ``done
-    <token>.<fp>`` in a two-key claim key (``Claim.from_keys``).
-    """
-    if holder is None:
-        return None
-    text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
-    text = text.removeprefix(DONE_PREFIX)
-    return text.rsplit(".", 1)[1] if "." in text else None
+    return fingerprinted_token(fp)
 
 
 def in_flight(options: Options, holder: object, fp: str) -> Answer | None:

@@ -12,10 +12,10 @@ from typing import Any
 from .. import _http
 from .._decorator.codec import Codec, ErrorEnvelope, ResultEnvelope, UnstorableEnvelope
 from .._errors import GoblinClaimError, InvalidArgumentError
-from .._protocol.record import FENCE_SUFFIX, build_keys
+from .._protocol.record import FENCE_SUFFIX, build_keys, split_done, split_token
 from .connect import Client
 from .findings import _text
-from .scan import _DONE, _FINGERPRINT, _TASK
+from .scan import _TASK
 
 # --------------------------------------------------------------------------- inspect and forget
 
@@ -72,16 +72,6 @@ def _describe_value(raw: bytes, fingerprint: str | None = None) -> list[str]:
         return [f"  @idempotent stored error{shown}: {error.type}: {error.message}"]
     assert isinstance(envelope, UnstorableEnvelope)
     return [f"  @idempotent unstorable result{shown} (duplicates get ResultNotSerializableError): {envelope.reason}"]
-
-
-def split_record(value: bytes) -> tuple[bytes, bytes] | None:
-    """``(token, value)`` of a completed record ``done <token> <value>``; ``None`` for anything else."""
-    if not value.startswith(_DONE):
-        return None
-    cut = value.find(b" ", len(_DONE))
-    if cut < 0:
-        return None
-    return value[len(_DONE) : cut], value[cut + 1 :]
 
 
 def _legacy_names(namespace: str, key: str) -> tuple[str, str]:
@@ -178,16 +168,15 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
         report.problem = True
     else:
         assert isinstance(value, bytes)
-        parts = split_record(value)
-        if parts is not None:
-            token, stored = parts
-            owner = _FINGERPRINT.sub(b"", token)
-            fingerprint = token[len(owner) + 1 :].decode() or None
+        done = split_done(value)
+        token, stored = done if done is not None else (b"", None)
+        if stored is not None:
+            owner, fingerprint = split_token(token)
             lines.append(f"record  {record}: done by {_shown(owner)}, {len(stored)} bytes of value, {_ttl(pttl)}")
             lines += _describe_value(stored, fingerprint)
             kept = "for good" if pttl == -1 else f"{pttl / 1000:.0f} s more"
             report.state = f"done by {_shown(owner)}, kept {kept}: duplicates get the result"
-        elif value.startswith(_DONE):
+        elif done is not None:
             lines.append(f"record  {record}: {_shown(value)}, {_ttl(pttl)}")
             report.state = (
                 "odd: a done marker without a value, not written by this release's complete(): acquire() raises "

@@ -10,8 +10,7 @@ from typing import Any, Literal
 from .._clients.families import (
     RESPONSE_ERRORS,
 )
-from .._decorator.fingerprint import FINGERPRINT_CHARS
-from .._protocol.record import DONE_PREFIX, FENCE_SUFFIX
+from .._protocol.record import FENCE_SUFFIX, split_done, split_token
 from .connect import Client, _primaries
 from .findings import _text
 
@@ -29,14 +28,9 @@ _READS = 3
 # How much of a record a walk reads: its marker and token, never a large value whole.
 _HEAD = 1024
 
-# The decorator and the HTTP middleware end their tokens with ".<hex digits>", the call's
-# fingerprint: a hash of the arguments, which a low-entropy argument lets anyone guess
-# back. Listings show the part before it: who holds the claim.
-_FINGERPRINT = re.compile(rb"\.[0-9a-f]{%d}(?:[0-9a-f]{%d})?\Z" % (FINGERPRINT_CHARS, FINGERPRINT_CHARS))
 _ESCAPED = re.compile(r"%(25|7B|7D)")
 _UNESCAPED = {"25": "%", "7B": "{", "7D": "}"}
 _GLOB = re.compile(r"([*?\[\]\\])")
-_DONE = DONE_PREFIX.encode()
 _FENCE = FENCE_SUFFIX.encode()
 # The Celery door's enqueue_once keeps the first message's task id beside the record.
 _TASK = b":task"
@@ -80,8 +74,12 @@ def printable(raw: bytes) -> str:
 
 
 def owner_part(token: bytes) -> str:
-    """Who holds a claim: its token without the call fingerprint the decorator appends."""
-    return printable(_FINGERPRINT.sub(b"", token))
+    """Who holds a claim: its token without the call fingerprint the decorator and the HTTP doors append.
+
+    The fingerprint is a hash of the arguments, which a low-entropy argument lets
+    anyone guess back: listings show only the part before it.
+    """
+    return printable(split_token(token)[0])
 
 
 def scan_pattern(namespace: str) -> str:
@@ -137,19 +135,19 @@ def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None
     if kind != "string" or head is None:
         note = f"a {kind}, not written by goblin-claim: acquire() raises WrongTypeError"
         return Entry("odd", key, _left(pttl), None, note, "WrongTypeError")
-    if head.startswith(_DONE):
-        cut = head.find(b" ", len(_DONE))
-        if cut < 0 and len(head) < _HEAD:
+    done = split_done(head)
+    if done is not None:
+        token, value = done
+        if value is None and len(head) < _HEAD:
             return Entry(
                 "odd",
                 key,
                 _left(pttl),
-                owner_part(head[len(_DONE) :]),
+                owner_part(token),
                 "a done marker without a value, not written by this release's complete(): acquire() raises "
                 "ResultLostError until the TTL ends or `goblin-claim forget` reopens the key",
                 "ResultLostError",
             )
-        token = head[len(_DONE) : cut] if cut >= 0 else head[len(_DONE) :]
         return Entry("done", key, _left(pttl), owner_part(token), _NO_TTL if pttl == -1 else "")
     return Entry(
         "in-flight", key, _left(pttl), owner_part(head), _NO_TTL + ", so it never frees itself" if pttl == -1 else ""

@@ -36,7 +36,7 @@ from .._protocol.checks import (
     check_timeout,
     describe,
 )
-from .._protocol.record import DONE_PREFIX, new_token
+from .._protocol.record import fingerprinted_token, holder_fp, new_token
 from .._protocol.timing import WaitSchedule
 from .codec import OTHER, Codec, ErrorEnvelope, UnstorableEnvelope, replayed
 from .fingerprint import FINGERPRINT_CHARS, FingerprintParameters, fingerprint_of, fingerprint_parameters
@@ -254,7 +254,7 @@ class _Spec:
             fp = hashlib.sha256(custom.encode()).hexdigest()[:FINGERPRINT_CHARS]
         # The fingerprint rides in the token, which the claim key stores: an
         # in-flight duplicate can compare it with one GET.
-        return _Call(key, fp, f"{new_token()}.{fp}" if fp else None)
+        return _Call(key, fp, fingerprinted_token(fp) if fp else None)
 
     def handle(self, kind: type[HandleT], call: _Call) -> HandleT:
         """The ``Claim`` or ``AsyncClaim`` of one call, from settings checked at decoration."""
@@ -277,9 +277,8 @@ class _Spec:
         """Raise ``PayloadMismatchError`` if the claim's holder ran with other arguments."""
         if call.fp is None or holder is None:
             return
-        text = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
-        text = text.removeprefix(DONE_PREFIX)
-        if "." in text and text.rsplit(".", 1)[1] != call.fp:
+        held = holder_fp(holder)
+        if held is not None and held != call.fp:
             raise self.mismatch(call)
 
     def settle(self, stored: bytes | str, call: _Call) -> Any:

@@ -1,9 +1,10 @@
-"""The one-key record: its key, the owner's token, the ``done <token> <value>`` marker and the fence counter."""
+"""The one-key record: its key, the owner's token and the fingerprint it carries, ``done <token> <value>``."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import secrets
 from typing import Final
 
@@ -41,6 +42,53 @@ def new_token() -> str:
     drawn again in every forked child.
     """
     return f"{_token_prefix}{next(_token_counter):x}"
+
+
+# A token may carry the fingerprint of the call or request that holds the claim:
+# ``<token>.<fp>``, fp 16 hex digits (``@idempotent``) or 32 (the HTTP doors), so an
+# in-flight duplicate compares fingerprints in one reply. ``new_token()`` has no dot,
+# and a token of the caller's own (``Claim(token=...)``) is one only if it ends so.
+_TOKEN_FP: Final = re.compile(rb"\.([0-9a-f]{16}(?:[0-9a-f]{16})?)\Z")
+
+
+def fingerprinted_token(fp: str) -> str:
+    """A fresh token carrying ``fp`` (hex digits): ``<new_token()>.<fp>``."""
+    return f"{new_token()}.{fp}"
+
+
+def split_token(token: bytes) -> tuple[bytes, str | None]:
+    """``(owner, fingerprint)`` of a token: who holds the claim, and the fingerprint it carries (``None``: none)."""
+    found = _TOKEN_FP.search(token)
+    if found is None:
+        return token, None
+    return token[: found.start()], found.group(1).decode("ascii")
+
+
+def holder_fp(holder: object) -> str | None:
+    """The fingerprint in a holder's reply, if any.
+
+    ``<token>.<fp>`` while in flight and as a completed record's token; ``done
+    <token>.<fp>`` in a two-key claim key (``Claim.from_keys``).
+    """
+    if holder is None:
+        return None
+    raw = holder if isinstance(holder, bytes) else str(holder).encode("utf-8", "surrogatepass")
+    return split_token(raw.removeprefix(_DONE_PREFIXES[0]))[1]
+
+
+def split_done(value: bytes) -> tuple[bytes, bytes | None] | None:
+    """``(token, value)`` of a completed record ``done <token> <value>``; ``None`` for anything else.
+
+    The value is ``None`` for a ``done <token>`` marker without one (not written
+    by ``complete()``, or a head cut short before its value).
+    """
+    prefix = _DONE_PREFIXES[0]
+    if not value.startswith(prefix):
+        return None
+    cut = value.find(b" ", len(prefix))
+    if cut < 0:
+        return value[len(prefix) :], None
+    return value[len(prefix) : cut], value[cut + 1 :]
 
 
 # --------------------------------------------------------------------------- keys
