@@ -160,4 +160,4 @@ chaos: $(STAMP) $(if $(filter valkey,$(CHAOS_SERVER)),valkey-server,redis-server
 		--server $(CHAOS_SERVER) $(if $(filter 1 yes true,$(RECIPE)),--recipe)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage $(NATIVE_DIR) $(VALKEY_DIR)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* $(NATIVE_DIR) $(VALKEY_DIR)
