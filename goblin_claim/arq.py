@@ -38,13 +38,11 @@ from typing import Any
 from arq.constants import retry_key_prefix
 from arq.worker import Retry
 
-from ._decorator.idempotent import idempotent
+from ._defaults import LEASE
 from ._errors import StillInFlightError
 from ._jobs import acall_with_first, current_first, job_function, plain_result, retry_delay
 
 __all__ = ["idempotent_job"]
-
-_DEFAULT_LEASE: int = inspect.signature(idempotent).parameters["lease"].default
 
 
 def idempotent_job(*, key: Any, client: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -61,7 +59,7 @@ def idempotent_job(*, key: Any, client: Any = None, **options: Any) -> Callable[
         A decorator; the decorated function keeps its name (arq runs it by name) and
         gains ``forget(*args, **kwargs)`` (a coroutine, without ``ctx``).
     """
-    lease = options.get("lease", _DEFAULT_LEASE)
+    lease = options.get("lease", LEASE)
 
     def decorate(func: Callable[..., Any]) -> Any:
         if not inspect.iscoroutinefunction(func):

@@ -41,21 +41,18 @@ stored runs the work again on redelivery; pass the key downstream (see the READM
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Ignore
 from celery.utils import uuid
 
-from ._decorator.idempotent import idempotent
+from ._defaults import LEASE
 from ._errors import StillInFlightError
 from ._jobs import job_function, plain_result, retry_delay, split_options
 from ._protocol.record import build_keys
 
 __all__ = ["IdempotentTask"]
-
-_DEFAULT_LEASE: int = inspect.signature(idempotent).parameters["lease"].default
 
 
 class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
@@ -78,7 +75,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             # self.run is bound for bind=True tasks: its signature already leaves self out.
             job = job_function(self.run, client, key, options, namespace=self.name)
             self.__dict__["_goblin_claim_job"] = job
-            self.__dict__["_goblin_claim_lease"] = options.get("lease", _DEFAULT_LEASE)
+            self.__dict__["_goblin_claim_lease"] = options.get("lease", LEASE)
         return job
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -29,19 +29,16 @@ JSON form.
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
 import dramatiq
 from dramatiq.errors import Retry
 
-from ._decorator.idempotent import idempotent
+from ._defaults import LEASE
 from ._errors import StillInFlightError
 from ._jobs import job_function, plain_result, retry_delay, split_options
 
 __all__ = ["Idempotency"]
-
-_DEFAULT_LEASE: int = inspect.signature(idempotent).parameters["lease"].default
 
 
 class _InFlightRetry(Retry):
@@ -72,7 +69,7 @@ class Idempotency(dramatiq.Middleware):
         client, key, options = split_options(settings, f"actor {actor.actor_name}")
         job = job_function(actor.fn, client if client is not None else self.client, key, options,
                            namespace=actor.actor_name)  # fmt: skip
-        lease = options.get("lease", _DEFAULT_LEASE)
+        lease = options.get("lease", LEASE)
 
         @functools.wraps(actor.fn)
         def run(*args: Any, **kwargs: Any) -> Any:

@@ -26,20 +26,18 @@ Called outside a worker, a key still in flight after that wait raises ``StillInF
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any
 
 from rq import get_current_job
 
-from ._decorator.idempotent import idempotent
+from ._defaults import LEASE
 from ._errors import StillInFlightError
 from ._jobs import job_function, plain_result, retry_delay
 
 __all__ = ["idempotent_job"]
 
-_DEFAULT_LEASE: int = inspect.signature(idempotent).parameters["lease"].default
 _SAVED = "goblin_claim_retry"  # job.meta: the job's own retry settings while an in-flight retry borrows them
 
 
@@ -56,7 +54,7 @@ def idempotent_job(client: Any, *, key: Any, **options: Any) -> Callable[[Callab
         A decorator; the decorated function keeps its import path (RQ enqueues it by
         name) and gains ``forget(*args, **kwargs)``.
     """
-    lease = options.get("lease", _DEFAULT_LEASE)
+    lease = options.get("lease", LEASE)
 
     def decorate(func: Callable[..., Any]) -> Any:
         job_fn = job_function(func, client, key, options)
