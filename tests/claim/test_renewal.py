@@ -422,8 +422,8 @@ def test_a_keep_alive_whose_renewal_hangs_is_lost_before_its_lease_ends(
         if kind == "sync":
             client = redis.Redis(host=HOST, port=proxy.port)
             claim = Claim(client, unique(), lease=lease)
+            began = time.monotonic()  # the lease runs from when the claim was sent, not from its reply
             assert isinstance(claim.acquire(), Claimed)
-            began = time.monotonic()
             with claim.keep_alive() as keeper:
                 while not keeper.lost and time.monotonic() - began < 6:
                     time.sleep(0.01)
@@ -434,8 +434,8 @@ def test_a_keep_alive_whose_renewal_hangs_is_lost_before_its_lease_ends(
             async def scenario() -> tuple[Any, float]:
                 client = redis.asyncio.Redis(host=HOST, port=proxy.port)
                 claim = AsyncClaim(client, unique(), lease=lease)
-                assert isinstance(await claim.acquire(), Claimed)
                 began = time.monotonic()
+                assert isinstance(await claim.acquire(), Claimed)
                 async with claim.keep_alive() as keeper:
                     while not keeper.lost and time.monotonic() - began < 6:  # noqa: ASYNC110 -- polls a flag the renewer sets; there is no event to wait for
                         await asyncio.sleep(0.01)
