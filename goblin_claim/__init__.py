@@ -56,3 +56,18 @@ __all__ = [
     "idempotent",
     "remove_listener",
 ]
+
+
+def _say_where_users_import_them() -> None:
+    """Name the public classes and functions after this package, not the private modules defining them.
+
+    ``repr()``, ``help()``, tracebacks, and the error types in logs and telemetry then show
+    ``goblin_claim.Claim``, the path users import, however the package is laid out inside.
+    """
+    for name in __all__:
+        public = globals()[name]
+        if isinstance(public, type) or callable(public) and hasattr(public, "__code__"):
+            public.__module__ = __name__
+
+
+_say_where_users_import_them()

@@ -137,7 +137,7 @@ def test_duration_histogram_by_operation_outcome_path_namespace_error(client: re
     assert counts[attrs("acquire", "completed")] == 3
     assert counts[attrs("acquire", "claimed")] == 1
     assert counts[attrs("release", "not_held")] == 1
-    assert counts[attrs("extend", "claim_lost", ("error.type", "goblin_claim._errors.ClaimLostError"))] == 1
+    assert counts[attrs("extend", "claim_lost", ("error.type", "goblin_claim.ClaimLostError"))] == 1
     (failed,) = otel.finished("goblin_claim.extend")
     assert failed.status.status_code is trace.StatusCode.ERROR
     assert key not in (failed.status.description or "")  # the type only, never the message

@@ -47,7 +47,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio.cluster
@@ -374,6 +374,75 @@ class _GiveUp(Exception):
     """A caller's deadline passed mid-attempt."""
 
 
+# --------------------------------------------------------------------------- what both workloads' callers do
+
+ClaimT = TypeVar("ClaimT", Claim, AsyncClaim)
+
+
+@contextlib.contextmanager
+def _calling(caller: Caller, deadline: float) -> Iterator[None]:
+    """One caller's run, from its start to its end: a give-up, or an error of the harness, noted in it."""
+    _caller.set(caller)
+    caller.start = now()
+    caller.deadline = caller.start + deadline
+    try:
+        yield
+    except _GiveUp:
+        caller.gave_up = caller.gave_up or "deadline"
+    except Exception as exc:  # a bug of the harness: shown like any other error
+        caller.note(exc)
+        caller.gave_up = "harness"
+    finally:
+        caller.end = now()
+
+
+def _attempt_failed(ledger: Ledger, caller: Caller, exc: Exception) -> bool:
+    """Note an attempt's error and settle the result it carries; ``True`` when the caller gives up on it."""
+    caller.note(exc)
+    if isinstance(exc, ClaimLostError):
+        ledger.settle(exc.result, "refused")
+    elif isinstance(exc, GoblinClaimError) and exc.result is not None:
+        ledger.settle(exc.result, "unstored")
+    if isinstance(exc, GoblinClaimError) and not _retryable(exc):
+        caller.gave_up = type(exc).__name__
+        return True
+    return False
+
+
+def _complete_failed(caller: Caller, execution: Execution, exc: Exception) -> None:
+    """Note a failed ``complete()`` (not a lost claim); raise ``_GiveUp`` unless it is sent again."""
+    caller.note(exc)
+    if (isinstance(exc, GoblinClaimError) and not _retryable(exc)) or caller.left() <= 0:
+        execution.fate, execution.fate_at = "unstored", now()
+        raise _GiveUp from exc
+
+
+def _to_start(
+    caller: Caller, pairs: Sequence[tuple[ClaimT, object]], give_back_after: int | None, again: list[str]
+) -> Iterator[ClaimT]:
+    """A batch's claims to start, in turn; the others answered, or put in ``again`` to be redelivered."""
+    started = 0
+    for claim, outcome in pairs:
+        if isinstance(outcome, Exception):
+            caller.note(outcome)
+            again.append(claim.key)
+        elif isinstance(outcome, Completed):
+            caller.answers[claim.key] = _text(outcome.value)  # acked at once
+        elif isinstance(outcome, InFlight):
+            again.append(claim.key)  # stays pending: redelivered later
+        elif give_back_after is not None and started >= give_back_after:
+            again.append(claim.key)  # shutting down: given back below, unstarted
+        else:
+            started += 1
+            yield claim
+
+
+def _backoff(tries: int) -> float:
+    """Seconds to sleep before a caller's next try."""
+    delay: float = min(0.05 * 2**tries, 1.0) * random.random()
+    return delay
+
+
 # --------------------------------------------------------------------------- the clients
 
 
@@ -439,22 +508,11 @@ class SyncPaths:
 
     def call(self, caller: Caller) -> None:
         """Run one caller to its answer, its deadline or an error it cannot retry."""
-        _caller.set(caller)
-        caller.start = now()
-        caller.deadline = caller.start + self.settings.deadline
-        try:
-            path = caller.job.path
-            if path == "sync-batch":
+        with _calling(caller, self.settings.deadline):
+            if caller.job.path == "sync-batch":
                 self._consume(caller)
             else:
                 self._retrying(caller, lambda: self._once(caller))
-        except _GiveUp:
-            caller.gave_up = caller.gave_up or "deadline"
-        except Exception as exc:  # a bug of the harness: shown like any other error
-            caller.note(exc)
-            caller.gave_up = "harness"
-        finally:
-            caller.end = now()
 
     def _retrying(self, caller: Caller, attempt: Callable[[], str | None]) -> None:
         tries = 0
@@ -465,20 +523,14 @@ class SyncPaths:
             except _GiveUp:
                 raise
             except Exception as exc:
-                caller.note(exc)
-                if isinstance(exc, ClaimLostError):
-                    self.ledger.settle(exc.result, "refused")
-                elif isinstance(exc, GoblinClaimError) and exc.result is not None:
-                    self.ledger.settle(exc.result, "unstored")
-                if isinstance(exc, GoblinClaimError) and not _retryable(exc):
-                    caller.gave_up = type(exc).__name__
+                if _attempt_failed(self.ledger, caller, exc):
                     return
             else:
                 if answer is not None:
                     caller.answers[caller.job.idents[0]] = answer
                     return
             tries += 1
-            time.sleep(min(0.05 * 2**tries, 1.0) * random.random())
+            time.sleep(_backoff(tries))
         caller.gave_up = "deadline"
 
     def _once(self, caller: Caller) -> str | None:
@@ -520,15 +572,9 @@ class SyncPaths:
                 execution.fate, execution.fate_at = "refused", now()
                 raise
             except Exception as exc:  # ConnectionFailedError, NotReplicatedError: safe to send again
-                caller.note(exc)
-                if isinstance(exc, GoblinClaimError) and not _retryable(exc):
-                    execution.fate, execution.fate_at = "unstored", now()
-                    raise _GiveUp from exc
-                if caller.left() <= 0:
-                    execution.fate, execution.fate_at = "unstored", now()
-                    raise _GiveUp from exc
+                _complete_failed(caller, execution, exc)
                 tries += 1
-                time.sleep(min(0.05 * 2**tries, 1.0) * random.random())
+                time.sleep(_backoff(tries))
             else:
                 execution.fate, execution.fate_at = "completed", now()
                 return execution.value
@@ -550,28 +596,16 @@ class SyncPaths:
                     self.client, pending, lease=RESERVE, namespace=namespace("sync-batch"), **self.batch_options
                 )
                 unstarted = {claim.key: claim for claim, outcome in pairs if isinstance(outcome, Claimed)}
-                started = 0
-                for claim, outcome in pairs:
-                    if isinstance(outcome, Exception):
-                        caller.note(outcome)
-                        again.append(claim.key)
-                    elif isinstance(outcome, Completed):
-                        caller.answers[claim.key] = _text(outcome.value)  # acked at once
-                    elif isinstance(outcome, InFlight):
-                        again.append(claim.key)  # stays pending: redelivered later
-                    elif give_back_after is not None and started >= give_back_after:
-                        again.append(claim.key)  # shutting down: given back below, unstarted
-                    else:
-                        del unstarted[claim.key]
-                        started += 1
-                        try:
-                            if self._start(claim):
-                                caller.answers[claim.key] = self._run(caller, claim)
-                            else:
-                                again.append(claim.key)
-                        except ClaimLostError as exc:
-                            caller.note(exc)
+                for claim in _to_start(caller, pairs, give_back_after, again):
+                    del unstarted[claim.key]
+                    try:
+                        if self._start(claim):
+                            caller.answers[claim.key] = self._run(caller, claim)
+                        else:
                             again.append(claim.key)
+                    except ClaimLostError as exc:
+                        caller.note(exc)
+                        again.append(claim.key)
             except _GiveUp:
                 raise
             except Exception as exc:
@@ -587,7 +621,7 @@ class SyncPaths:
             pending = again
             if pending:
                 tries += 1
-                time.sleep(0.1 + min(0.05 * 2**tries, 1.0) * random.random())  # the redelivery
+                time.sleep(0.1 + _backoff(tries))  # the redelivery
 
     def _start(self, claim: Claim) -> bool:
         """Take the full lease as a message starts; ``False`` when another consumer has it now."""
@@ -720,21 +754,11 @@ class AsyncPaths:
 
     async def call(self, caller: Caller) -> None:
         """Run one caller to its answer, its deadline or an error it cannot retry."""
-        _caller.set(caller)
-        caller.start = now()
-        caller.deadline = caller.start + self.settings.deadline
-        try:
+        with _calling(caller, self.settings.deadline):
             if caller.job.path == "async-batch":
                 await self._consume(caller)
             else:
                 await self._retrying(caller)
-        except _GiveUp:
-            caller.gave_up = caller.gave_up or "deadline"
-        except Exception as exc:
-            caller.note(exc)
-            caller.gave_up = "harness"
-        finally:
-            caller.end = now()
 
     async def _retrying(self, caller: Caller) -> None:
         tries = 0
@@ -745,20 +769,14 @@ class AsyncPaths:
             except _GiveUp:
                 raise
             except Exception as exc:
-                caller.note(exc)
-                if isinstance(exc, ClaimLostError):
-                    self.ledger.settle(exc.result, "refused")
-                elif isinstance(exc, GoblinClaimError) and exc.result is not None:
-                    self.ledger.settle(exc.result, "unstored")
-                if isinstance(exc, GoblinClaimError) and not _retryable(exc):
-                    caller.gave_up = type(exc).__name__
+                if _attempt_failed(self.ledger, caller, exc):
                     return
             else:
                 if answer is not None:
                     caller.answers[caller.job.idents[0]] = answer
                     return
             tries += 1
-            await asyncio.sleep(min(0.05 * 2**tries, 1.0) * random.random())
+            await asyncio.sleep(_backoff(tries))
         caller.gave_up = "deadline"
 
     async def _once(self, caller: Caller) -> str | None:
@@ -795,15 +813,9 @@ class AsyncPaths:
                 execution.fate, execution.fate_at = "refused", now()
                 raise
             except Exception as exc:
-                caller.note(exc)
-                if isinstance(exc, GoblinClaimError) and not _retryable(exc):
-                    execution.fate, execution.fate_at = "unstored", now()
-                    raise _GiveUp from exc
-                if caller.left() <= 0:
-                    execution.fate, execution.fate_at = "unstored", now()
-                    raise _GiveUp from exc
+                _complete_failed(caller, execution, exc)
                 tries += 1
-                await asyncio.sleep(min(0.05 * 2**tries, 1.0) * random.random())
+                await asyncio.sleep(_backoff(tries))
             else:
                 execution.fate, execution.fate_at = "completed", now()
                 return execution.value
@@ -824,26 +836,16 @@ class AsyncPaths:
                     self.client, pending, lease=RESERVE, namespace=namespace("async-batch"), **self.batch_options
                 )
                 unstarted = {claim.key: claim for claim, outcome in pairs if isinstance(outcome, Claimed)}
-                started = 0
-                for claim, outcome in pairs:
-                    if isinstance(outcome, Exception):
-                        caller.note(outcome)
-                        again.append(claim.key)
-                    elif isinstance(outcome, Completed):
-                        caller.answers[claim.key] = _text(outcome.value)
-                    elif isinstance(outcome, InFlight) or (give_back_after is not None and started >= give_back_after):
-                        again.append(claim.key)
-                    else:
-                        del unstarted[claim.key]
-                        started += 1
-                        try:
-                            if await self._start(claim):
-                                caller.answers[claim.key] = await self._run(caller, claim)
-                            else:
-                                again.append(claim.key)
-                        except ClaimLostError as exc:
-                            caller.note(exc)
+                for claim in _to_start(caller, pairs, give_back_after, again):
+                    del unstarted[claim.key]
+                    try:
+                        if await self._start(claim):
+                            caller.answers[claim.key] = await self._run(caller, claim)
+                        else:
                             again.append(claim.key)
+                    except ClaimLostError as exc:
+                        caller.note(exc)
+                        again.append(claim.key)
             except _GiveUp:
                 raise
             except Exception as exc:
@@ -859,7 +861,7 @@ class AsyncPaths:
             pending = again
             if pending:
                 tries += 1
-                await asyncio.sleep(0.1 + min(0.05 * 2**tries, 1.0) * random.random())
+                await asyncio.sleep(0.1 + _backoff(tries))  # the redelivery
 
     async def _start(self, claim: AsyncClaim) -> bool:
         try:
@@ -1399,7 +1401,7 @@ def check(
     for caller in callers:
         for error in caller.errors:
             name = error.type_name
-            if name == "goblin_claim._errors.ServerError" and error.cause:
+            if name == "goblin_claim.ServerError" and error.cause:
                 name += f"({error.cause.split(':')[0]})"  # what the server or the client failed with
                 if STORE_WRAPPER in error.text:  # @idempotent's store met an exception that is not the SDK's
                     wrapped[name] += 1
