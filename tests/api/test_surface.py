@@ -181,17 +181,16 @@ def test_error_tree_is_drawn_in_the_docstring() -> None:
     assert {name for name in goblin_claim.__all__ if name.endswith("Error")} == set(_error_classes())
 
 
-def test_error_tree_in_the_readme_is_the_code() -> None:
-    """The README's error tree lists every error the package raises, each under its parent."""
-    readme = (ROOT / "README.md").read_text("utf-8")
-    section = readme[readme.index("\n## Errors\n") :]
-    assert _drawn_tree(section) == _error_classes()
+def test_error_tree_in_the_manual_is_the_code() -> None:
+    """The error tree on the manual's errors page lists every error the package raises, each under its parent."""
+    page = (ROOT / "docs" / "reference" / "errors.md").read_text("utf-8")
+    assert _drawn_tree(page) == _error_classes()
 
 
-def test_every_test_the_readme_names_exists() -> None:
-    """Each promise in the README names tests that prove it; those tests exist under those names."""
-    readme = (ROOT / "README.md").read_text("utf-8")
-    named = set(re.findall(r"`(test_\w+)`", readme))
+def test_every_test_the_manual_names_exists() -> None:
+    """Each promise in the README and on the manual's pages names tests that prove it; those tests exist."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    named = set(re.findall(r"`(test_\w+)`", "\n".join(page.read_text("utf-8") for page in pages)))
     defined = set()
     for path in (ROOT / "tests").rglob("test_*.py"):
         defined |= set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text("utf-8"), flags=re.MULTILINE))

@@ -4,8 +4,8 @@ Each test serves a real app (tests/support/asgi_server.py ``serve``) over the se
 redis-server and counts its handlers' runs: which routes require the key,
 accept it or ignore it (``required=``, ``routes=``, an endpoint's
 ``idempotency_key()`` mark, a Litestar handler's ``opt``), and what a scope
-function that fails answers. The README's FastAPI and Litestar samples run here
-as written (read from README.md), the FastAPI one also without its
+function that fails answers. The manual's FastAPI and Litestar samples run here
+as written (read from docs/guides/http/asgi.md), the FastAPI one also without its
 authentication line.
 """
 
@@ -54,7 +54,7 @@ from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Mount, Route  # noqa: E402
 
 FRAMEWORKS = ("starlette", "fastapi", "litestar")
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "guides" / "http" / "asgi.md"  # the ASGI door's page
 BODY = {"items": ["tea"]}
 
 
@@ -387,7 +387,7 @@ def test_litestar_scope_reads_the_user_its_auth_middleware_set(service: Service)
 
 
 def readme_sample(introduced_by: str) -> str:
-    """The README's first ``python`` block after the paragraph beginning ``introduced_by``."""
+    """The ASGI page's first ``python`` block after the paragraph beginning ``introduced_by``."""
     text = README.read_text()
     start = text.index("\n" + introduced_by)
     found = re.compile(r"```python\n(.*?)```", re.DOTALL).search(text, start)
@@ -399,7 +399,7 @@ def run_sample(code: str, name: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
     """Run a README sample as the module ``name`` (in sys.modules, as frameworks expect); return its globals."""
     module = types.ModuleType(name)
     monkeypatch.setitem(sys.modules, name, module)
-    exec(compile(code, f"README.md ({name})", "exec"), module.__dict__)
+    exec(compile(code, f"asgi.md ({name})", "exec"), module.__dict__)
     return module.__dict__
 
 
@@ -489,7 +489,7 @@ def test_the_readme_fastapi_sample_without_authentication(
     assert stored_keys(redis_standalone.port, "goblin-http", headers["Idempotency-Key"]) == []
     logged = [r for r in caplog.records if r.name == "goblin_claim.asgi"]
     assert len(logged) == 1
-    assert "readme_fastapi.user_id raised KeyError: 'user' at README.md (readme_fastapi):" in logged[0].getMessage()
+    assert "readme_fastapi.user_id raised KeyError: 'user' at asgi.md (readme_fastapi):" in logged[0].getMessage()
 
 
 @pytest.mark.usefixtures("root_logging")
