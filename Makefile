@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools
 
-.PHONY: demo test check install redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers chaos clean
+.PHONY: demo test check install docs docs-serve redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers chaos clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
 
-test: $(STAMP) redis-server valkey-server native lint typecheck pytest
+test: $(STAMP) redis-server valkey-server native lint typecheck docs pytest
 
 # The development lane, under 3 minutes on two cores: lint, types, the generator check,
 # then the tests that stay on fakeredis and one standalone redis-server (pytest
@@ -29,7 +29,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --editable . --group dev
+	$(BIN)/python -m pip install --quiet --editable . --group dev --group docs
 	# arq pins redis<6 though it runs on redis-py 8 (tests/jobs/test_arq.py): installed
 	# without its pins so the suite keeps the redis-py it tests; its other needs
 	# (click, typing-extensions) come with the dev group.
@@ -103,6 +103,15 @@ compiler:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc libc6-dev >/dev/null; \
 	fi
 
+# The documentation site (docs/, mkdocs.yml) into site/: --strict makes a broken link, a
+# missing reference or any warning fail. Nothing is fetched at build time (no web fonts, no
+# CDN: Material's font is off). `make docs-serve` serves it on http://127.0.0.1:8000.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --strict
+
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
@@ -160,4 +169,4 @@ chaos: $(STAMP) $(if $(filter valkey,$(CHAOS_SERVER)),valkey-server,redis-server
 		--server $(CHAOS_SERVER) $(if $(filter 1 yes true,$(RECIPE)),--recipe)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* $(NATIVE_DIR) $(VALKEY_DIR)
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* $(NATIVE_DIR) $(VALKEY_DIR)
