@@ -159,6 +159,19 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
     report = KeyReport("", exists=kind != "none")
     lines = report.lines
     lines.append(f"key {key!r} in namespace {namespace!r}")
+    _describe_record(report, key, record, kind, value, pttl)
+    if counter is not None:
+        lines.append(f"fence   {fence}: {_shown(counter)} (the fence of the latest claim)")
+    if first is not None:
+        report.marker = marker
+        lines.append(f"task    {marker}: {_shown(first)}, {_ttl(int(replies[-1]))} (Celery's enqueue_once marker)")
+    _describe_legacy(report, legacy, replies[4:-2])  # between the fence's replies and the marker's
+    return report
+
+
+def _describe_record(report: KeyReport, key: str, record: str, kind: str, value: bytes | None, pttl: int) -> None:
+    """The record's line and state in ``report``: free, odd, done or held."""
+    lines = report.lines
     if kind == "none" or (kind == "string" and value is None):  # expired between the reads
         lines.append(f"record  {record}: none")
         report.state = "free: the next acquire() claims it"
@@ -189,13 +202,13 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
                 report.state = f"held by {_shown(value)}, with no lease end: in flight until the record is deleted"
             else:
                 report.state = f"held by {_shown(value)}, lease ends in {pttl / 1000:.1f} s: in flight"
-    if counter is not None:
-        lines.append(f"fence   {fence}: {_shown(counter)} (the fence of the latest claim)")
-    if first is not None:
-        report.marker = marker
-        lines.append(f"task    {marker}: {_shown(first)}, {_ttl(int(replies[-1]))} (Celery's enqueue_once marker)")
+
+
+def _describe_legacy(report: KeyReport, legacy: tuple[str, str], replies: list[Any]) -> None:
+    """An older release's keys still there, in ``report``: ``replies`` their TYPE and PTTL, in turn."""
+    lines = report.lines
     for index, name in enumerate(legacy):
-        legacy_type, legacy_pttl = _text(replies[4 + 2 * index]), int(replies[5 + 2 * index])
+        legacy_type, legacy_pttl = _text(replies[2 * index]), int(replies[2 * index + 1])
         if legacy_type == "none":
             continue
         report.legacy.append(name)
@@ -205,4 +218,3 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
             "claims: run one release everywhere, then let it expire (or DEL it)"
         )
         report.problem = True
-    return report

@@ -182,31 +182,7 @@ class Claim(ClaimBase["SyncClient"]):
         wait = ("WAIT", first._replicas, first._replica_timeout_ms) if first._replicas else None
         sent_at = time.monotonic()
         try:
-            if not state.ready:
-                _prepare(client, state)
-            commands = [handle._claim_command(state.native) for handle in handles]
-            routes = [handle.claim_key for handle in handles]
-            replies, acknowledged, resent = _round(client, commands, wait, routes)
-            again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
-            if again:
-                if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
-                    state.native = frozenset()  # a node lacks the module after all
-                    _events.notice(first, "native_fallback", "fell_back")
-                else:
-                    _events.notice(first, "script_reload", "reloaded")
-                sources = [handles[i]._claim_command(state.native, source=True) for i in again]
-                # The EVAL round wrote too (the first one's refused claims ran nothing): its own WAIT.
-                # The EVAL round's own re-sends are not counted: the claims in it ran nothing before.
-                sourced, waited, _ = _round(client, sources, wait, [routes[i] for i in again])
-                for i, reply, count in zip(again, sourced, waited, strict=True):
-                    replies[i], acknowledged[i] = reply, count
-            nils = [i for i, reply in enumerate(replies) if handles[i]._needs_peek(reply)]
-            if nils:
-                # GOBLIN.CLAIM's nil (a holder's token, on one key): one read of each holder and
-                # result tells the outcomes apart.
-                peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
-                for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
-                    replies[i] = holder
+            replies, acknowledged, resent = _claim_rounds(client, state, handles, wait)
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
@@ -427,45 +403,7 @@ class Claim(ClaimBase["SyncClient"]):
         for handle in handles:
             handle._let_go()  # first, as in release(): held or not, it no longer counts on its claim
         try:
-            if not state.ready:
-                _prepare(client, state)
-            checks = [owner_check(handle._native, state.native, RELEASE) for handle in handles]
-            commands: list[Args] = []
-            at: list[int] = []  # where each handle's reply sits among the pipeline's
-            for handle, check in zip(handles, checks, strict=True):
-                args = (handle.claim_key, handle.token)
-                native = native_command(handle._native, state.native, RELEASE, handle.key)
-                at.append(len(commands))
-                if check is not None:
-                    commands.append(owner_check_command(check, args))
-                elif native is not None:
-                    commands.append((native, *args))
-                else:
-                    commands.append(script_command(RELEASE, (*args, wake)))  # it announces itself
-                    continue
-                # A native delete announces nothing: its announcement goes right behind it.
-                commands.append((wake, handle.claim_key, "free"))
-            pipelined = _pipelined(client, commands)
-            replies = [pipelined[i] for i in at]
-            again = [
-                i
-                for i, reply in enumerate(replies)
-                if _needs_script(reply, handles[i]._native) or (checks[i] and _check_refused(reply))
-            ]
-            if again:
-                if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
-                    state.native = _fallen_back(state.native, [(checks[i], replies[i]) for i in again])
-                    module = any(checks[i] is None and not isinstance(replies[i], NO_SCRIPT) for i in again)
-                    _events.notice(first, "native_fallback", "fell_back" if module else "owner_check")
-                else:
-                    _events.notice(first, "script_reload", "reloaded")
-                # Refused unrun (NOSCRIPT, unknown command, ...): each runs once, as a script.
-                sources = [
-                    script_command(RELEASE, (handles[i].claim_key, handles[i].token, wake), source=True) for i in again
-                ]
-                resent = _pipelined(client, sources)
-                for i, reply in zip(again, resent, strict=True):
-                    replies[i] = reply
+            replies = _release_rounds(client, state, handles, wake)
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
@@ -787,6 +725,43 @@ def _round(
     return replies, [int(waited)] * len(commands), resent  # type: ignore[call-overload]  # WAIT replies an int
 
 
+def _claim_rounds(
+    client: SyncClient, state: ClientState, handles: Sequence[Claim], wait: Args | None
+) -> tuple[list[object], list[int | None], list[bool]]:
+    """``acquire_many``'s claims on the wire: each claim's reply, its WAIT count, whether it may have been sent twice.
+
+    A claim refused unrun (a lost script cache, a node without the module) goes
+    again as a script, in a round of its own; a native nil is read back.
+    """
+    first = handles[0]
+    if not state.ready:
+        _prepare(client, state)
+    commands = [handle._claim_command(state.native) for handle in handles]
+    routes = [handle.claim_key for handle in handles]
+    replies, acknowledged, resent = _round(client, commands, wait, routes)
+    again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
+    if again:
+        if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
+            state.native = frozenset()  # a node lacks the module after all
+            _events.notice(first, "native_fallback", "fell_back")
+        else:
+            _events.notice(first, "script_reload", "reloaded")
+        sources = [handles[i]._claim_command(state.native, source=True) for i in again]
+        # The EVAL round wrote too (the first one's refused claims ran nothing): its own WAIT.
+        # The EVAL round's own re-sends are not counted: the claims in it ran nothing before.
+        sourced, waited, _ = _round(client, sources, wait, [routes[i] for i in again])
+        for i, reply, count in zip(again, sourced, waited, strict=True):
+            replies[i], acknowledged[i] = reply, count
+    nils = [i for i, reply in enumerate(replies) if handles[i]._needs_peek(reply)]
+    if nils:
+        # GOBLIN.CLAIM's nil (a holder's token, on one key): one read of each holder and
+        # result tells the outcomes apart.
+        peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
+        for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
+            replies[i] = holder
+    return replies, acknowledged, resent
+
+
 def _node_rounds(
     client: SyncClient, commands: Sequence[Args], wait: Args, routes: Sequence[str]
 ) -> tuple[list[object], list[int | None], list[bool]]:
@@ -838,6 +813,63 @@ def _pipelined(
         pipe.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
     replies: list[object] = pipe.execute(raise_on_error=False)
     return replies
+
+
+def _release_rounds(
+    client: SyncClient, state: ClientState, handles: Sequence[Claim], wake: str
+) -> list[object]:
+    """``release_many``'s releases on the wire: each handle's reply, in order.
+
+    A release refused unrun (a lost script cache, a node without the module, an
+    owner check the server cannot use) goes again as the script, in one more round.
+    """
+    first = handles[0]
+    if not state.ready:
+        _prepare(client, state)
+    checks = [owner_check(handle._native, state.native, RELEASE) for handle in handles]
+    commands, at = _release_commands(handles, checks, state.native, wake)
+    pipelined = _pipelined(client, commands)
+    replies = [pipelined[i] for i in at]
+    again = [
+        i
+        for i, reply in enumerate(replies)
+        if _needs_script(reply, handles[i]._native) or (checks[i] and _check_refused(reply))
+    ]
+    if again:
+        if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
+            state.native = _fallen_back(state.native, [(checks[i], replies[i]) for i in again])
+            module = any(checks[i] is None and not isinstance(replies[i], NO_SCRIPT) for i in again)
+            _events.notice(first, "native_fallback", "fell_back" if module else "owner_check")
+        else:
+            _events.notice(first, "script_reload", "reloaded")
+        # Refused unrun (NOSCRIPT, unknown command, ...): each runs once, as a script.
+        sources = [script_command(RELEASE, (handles[i].claim_key, handles[i].token, wake), source=True) for i in again]
+        resent = _pipelined(client, sources)
+        for i, reply in zip(again, resent, strict=True):
+            replies[i] = reply
+    return replies
+
+
+def _release_commands(
+    handles: Sequence[Claim], checks: Sequence[str | None], available: frozenset[str] | None, wake: str
+) -> tuple[list[Args], list[int]]:
+    """The pipeline of ``release_many``'s first round, and where each handle's reply sits in it."""
+    commands: list[Args] = []
+    at: list[int] = []
+    for handle, check in zip(handles, checks, strict=True):
+        args = (handle.claim_key, handle.token)
+        native = native_command(handle._native, available, RELEASE, handle.key)
+        at.append(len(commands))
+        if check is not None:
+            commands.append(owner_check_command(check, args))
+        elif native is not None:
+            commands.append((native, *args))
+        else:
+            commands.append(script_command(RELEASE, (*args, wake)))  # it announces itself
+            continue
+        # A native delete announces nothing: its announcement goes right behind it.
+        commands.append((wake, handle.claim_key, "free"))
+    return commands, at
 
 
 def _check_refused(reply: object) -> bool:
