@@ -20,6 +20,7 @@ import argparse
 import importlib
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
 
 HELP = re.compile(r"^<!-- goblin-claim (?:(?P<command>[a-z]+) )?--help -->$", re.MULTILINE)
@@ -64,17 +65,31 @@ def events_text() -> str:
 
     doc = _events.Event.__doc__ or ""
     described = dict(re.findall(r"^\s{8}(\w+): (.+)$", doc, flags=re.MULTILINE))
-    rows = [f"| `{field}` | `{_events.Event.__annotations__[field]}` | {described.get(field, '')} |"
-            for field in _events.Event._fields]
-    notices = [f"| `{name}` | {', '.join(f'`{o}`' for o in sorted(outcomes))} |"
-               for name, outcomes in sorted(_events.NOTICES.items())]
-    return "\n".join([
-        "| field | type | what it holds |", "|---|---|---|", *rows, "",
-        "**Operations** (`event.operation`): " + ", ".join(f"`{o}`" for o in sorted(_events.OPERATIONS)) + ".", "",
-        "**Outcomes** (`event.outcome` of an operation): " + ", ".join(f"`{o}`" for o in sorted(_events.OUTCOMES)) + ".",
-        "", "**Notices** (events about something inside an operation) and their outcomes:", "",
-        "| notice | outcomes |", "|---|---|", *notices,
-    ])
+    fields = _events.Event.__annotations__
+    rows = [f"| `{field}` | `{fields[field]}` | {described.get(field, '')} |" for field in _events.Event._fields]
+    notices = [f"| `{name}` | {codes(outcomes)} |" for name, outcomes in sorted(_events.NOTICES.items())]
+    return "\n".join(
+        [
+            "| field | type | what it holds |",
+            "|---|---|---|",
+            *rows,
+            "",
+            f"**Operations** (`event.operation`): {codes(_events.OPERATIONS)}.",
+            "",
+            f"**Outcomes** (`event.outcome` of an operation): {codes(_events.OUTCOMES)}.",
+            "",
+            "**Notices** (events about something inside an operation) and their outcomes:",
+            "",
+            "| notice | outcomes |",
+            "|---|---|",
+            *notices,
+        ]
+    )
+
+
+def codes(names: Iterable[str]) -> str:
+    """``names``, sorted, each as code."""
+    return ", ".join(f"`{name}`" for name in sorted(names))
 
 
 def render(markdown: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ def _pointed(init: Callable[..., None], port: int) -> Callable[..., None]:
 
 
 @pytest.fixture
-def page_server(redis_standalone: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def page_server(redis_standalone: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> str:
     """The server the samples reach, emptied, as ``redis.Redis()`` and ``REDIS_URL`` name it."""
     for cls in (redis.Redis, redis.asyncio.Redis, redis.connection.Connection, redis.asyncio.connection.Connection):
         monkeypatch.setattr(cls, "__init__", _pointed(cls.__init__, redis_standalone.port))
@@ -59,7 +59,7 @@ def page_server(redis_standalone: RedisProcess, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("REDIS_URL", url)
     with redis.Redis.from_url(url) as client:
         client.flushdb()
-    yield url
+    return url
 
 
 def _module_for(page: Path, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
