@@ -1035,8 +1035,3 @@ async def apassed_through(
     finally:
         await keep.__aexit__(None, None, None)
         await (ended if whole else cut)()
-
-
-def key_digest(name: str) -> str:
-    """A short digest of a claim's key for logs: the key itself holds the path, the owner and the client's key."""
-    return hashlib.sha256(name.encode()).hexdigest()[:12]

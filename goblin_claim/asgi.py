@@ -55,15 +55,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any, Final, Literal
 
 from . import _events, _http
-from ._clients.families import adapt
-from ._clients.kinds import ASYNC_NEEDS, client_kind
 from ._clients.transport import to_the_end_async
 from ._defaults import LEASE, TTL
 from ._drivers.aio import AsyncClaim
-from ._drivers.http_aio import _digest, give_back, mark, open_claim, store
-from ._errors import (
-    InvalidArgumentTypeError,
-)
+from ._drivers.http_aio import AsyncDoor, _digest, abandon, give_back, mark, open_claim, store
 from ._http import (
     DEFAULT_NEVER_REPLAYED,
     DEFAULT_RELEASE_STATUSES,
@@ -223,15 +218,6 @@ class IdempotencyMiddleware:
         routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = None,
     ) -> None:
         self.app = app
-        self._client: Any = None
-        self._factory: Callable[[], Any] | None = None
-        client = adapt(client)  # a GLIDE client: its adapter
-        kind = client_kind(client)
-        if kind is None and callable(client):
-            self._factory = client
-        else:
-            _check_async_client(client)
-            self._client = client
         self.options = options = _http.make_options(
             required=required, methods=methods, header=header, lease=lease, ttl=ttl, wait=wait, scope=scope,
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
@@ -239,6 +225,7 @@ class IdempotencyMiddleware:
             stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
             routes=routes,
         )  # fmt: skip
+        self._door = AsyncDoor(client, options, "goblin_claim.asgi.IdempotencyMiddleware")
         self.required = options.required
         self.methods = options.methods
         self.header = options.header
@@ -291,10 +278,7 @@ class IdempotencyMiddleware:
             return
         kind = next((value for name, value in scope["headers"] if name.lower() == b"content-type"), None)
         fp = _http.request_fingerprint(self.options, scope, kind, scope.get("query_string", b""), body)
-        claim = AsyncClaim(
-            self._resolve_client(), _http.claim_name(scope["method"], scope["path"], owner, key), lease=self.lease,
-            ttl=self.ttl, namespace=self.namespace, token=_http.claim_token(fp),
-        )  # fmt: skip
+        claim = self._door.claim(scope["method"], scope["path"], owner, key, fp)
         # One "request" event, taking the outcome of the claim's round trips inside it.
         with _events.observing("request", claim) as op:
             await self._handle(scope, _replaying(body, receive), send, claim, fp, op)
@@ -320,15 +304,6 @@ class IdempotencyMiddleware:
         await to_the_end_async(exchange.settle(None))
 
     # -- helpers
-
-    def _resolve_client(self) -> Any:
-        client = self._client
-        if client is None:
-            assert self._factory is not None
-            made = adapt(self._factory())
-            _check_async_client(made)
-            self._client = client = made
-        return client
 
     async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
         chunks: list[bytes] = []
@@ -513,9 +488,7 @@ class _Exchange:
             return
         # No whole response, yet the app ran (a sync Django view even finishes in its
         # thread after a disconnect): what it did is unknown, so it is never run again.
-        reason = self._abandoned(error)
-        logger.warning("key %s: %s; the key is kept closed, duplicates are answered 422", _digest(self._claim), reason)
-        await mark(self._claim, _http.abandoned_payload(self._fp, reason))
+        await abandon(self._claim, self._fp, self._abandoned(error))
         if mode == "buffer" and self._start is not None and error is None:
             # The app returned without finishing its response: send what it gave; the server tells the client.
             await self._forward(self._start)
@@ -670,11 +643,3 @@ async def _send_answer(send: Send, answer: Answer, docs: str | None) -> None:
     answer = _http.documented(answer, docs)
     await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
     await send({"type": "http.response.body", "body": answer.body})
-
-
-def _check_async_client(client: object) -> None:
-    if client_kind(client) is not True:
-        raise InvalidArgumentTypeError(
-            f"IdempotencyMiddleware needs {ASYNC_NEEDS} "
-            f"or a function of no arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
-        )

@@ -56,7 +56,7 @@ from django.urls import Resolver404, resolve
 
 from . import _events, _http
 from ._clients.families import adapt
-from ._clients.kinds import client_kind
+from ._clients.kinds import check_client, client_kind
 from ._clients.transport import to_the_end_async
 from ._drivers import http_aio, http_sync
 from ._drivers.aio import AsyncClaim
@@ -117,10 +117,12 @@ class _Door:
             self.options: Options = _http.make_options(**config)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"{SETTING}: {exc}") from exc
-        self._sync: Any = None
-        self._async: Any = None
+        # Each world's client is made on its first request: a URL gives each its own.
+        self._sync = http_sync.SyncDoor(functools.partial(self._made, False), self.options, _MIDDLEWARE)
+        self._async = http_aio.AsyncDoor(functools.partial(self._made, True), self.options, _MIDDLEWARE)
 
     def _made(self, want_async: bool) -> Any:
+        """The client of the setting for the world Django runs (``ImproperlyConfigured`` for the wrong kind)."""
         setting = self._client_setting
         if isinstance(setting, str) and "://" in setting:
             sync_class, async_class, async_pool = _url_clients(setting)
@@ -134,27 +136,13 @@ class _Door:
         made = adapt(made)  # a GLIDE client: its adapter
         if client_kind(made) is None and callable(made):
             made = adapt(made())
-        if client_kind(made) is not want_async:
-            world = "ASGI: an asyncio client" if want_async else "WSGI: a sync client"
-            raise ImproperlyConfigured(
-                f"{SETTING}['client'] gave {type(made).__module__}.{type(made).__qualname__}; Django runs this "
-                f"middleware under {world} (redis-py's, valkey-py's or GLIDE's), or give a URL for both"
-            )
+        world = "ASGI" if want_async else "WSGI"
+        check_client(
+            made, want_async, f"{SETTING}['client'] under {world}",
+            f"Django runs this middleware under {world} here: give a client of that kind, or a URL for both",
+            also=" (or a redis:// or valkey:// URL, which serves both)", error=ImproperlyConfigured,
+        )  # fmt: skip
         return made
-
-    def sync_claim(self, name: str, fp: str) -> Claim:
-        if self._sync is None:
-            self._sync = self._made(False)
-        o = self.options
-        return Claim(self._sync, name, lease=o.lease, ttl=o.ttl, namespace=o.namespace, token=_http.claim_token(fp))
-
-    def async_claim(self, name: str, fp: str) -> AsyncClaim:
-        if self._async is None:
-            self._async = self._made(True)
-        o = self.options
-        return AsyncClaim(
-            self._async, name, lease=o.lease, ttl=o.ttl, namespace=o.namespace, token=_http.claim_token(fp)
-        )
 
     # -- the request's side, once for both worlds
 
@@ -181,9 +169,6 @@ class _Door:
         fp = _http.request_fingerprint(options, request, None if kind is None else kind.encode("latin-1"), query, body)
         return key, fp
 
-    def _name(self, request: HttpRequest, owner: str | None, key: str) -> str:
-        return _http.claim_name(request.method or "", request.path, owner, key)
-
     # -- WSGI (sync)
 
     def handle(
@@ -202,7 +187,7 @@ class _Door:
         owner = _http.owner_of(self.options, request, "django", _answered_by_django)
         if isinstance(owner, Answer):
             return _response(owner, self.options.problem_docs)
-        claim = self.sync_claim(self._name(request, owner, key), fp)
+        claim = self._sync.claim(request.method or "", request.path, owner, key, fp)
         # One "request" event, taking the outcome of the claim's round trips inside it.
         with _events.observing("request", claim) as op:
             return self._claimed_sync(request, call, claim, fp, op)
@@ -281,7 +266,7 @@ class _Door:
         )
         if isinstance(owner, Answer):
             return _response(owner, self.options.problem_docs)
-        claim = self.async_claim(self._name(request, owner, key), fp)
+        claim = self._async.claim(request.method or "", request.path, owner, key, fp)
         # One "request" event, taking the outcome of the claim's round trips inside it.
         with _events.observing("request", claim) as op:
             return await self._claimed_async(request, call, claim, fp, op)
@@ -310,7 +295,7 @@ class _Door:
                 await to_the_end_async(http_aio.give_back(claim))
             else:  # cancelled: Django does this when the client disconnects; the view began
                 cancelled = "the request was cancelled after it began (the client disconnected or the server stopped)"
-                await to_the_end_async(_abandon_async(claim, fp, cancelled))
+                await to_the_end_async(http_aio.abandon(claim, fp, cancelled))
             raise
         status = response.status_code
         reason = None if self.options.given_back(status) else self._unkept(response)
@@ -342,7 +327,7 @@ class _Door:
             await to_the_end_async(http_aio.mark(claim, marker))
 
         async def cut() -> None:
-            await to_the_end_async(_abandon_async(claim, fp, _http.CUT_STREAM))
+            await to_the_end_async(http_aio.abandon(claim, fp, _http.CUT_STREAM))
 
         response.streaming_content = _http.apassed_through(chunks, keep, ended, cut)
         return response
@@ -385,13 +370,6 @@ async def _async_chunks(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
         close = getattr(iterator, "close", None)
         if callable(close):
             await sync_to_async(close)()
-
-
-async def _abandon_async(claim: AsyncClaim, fp: str, reason: str) -> None:
-    http_aio.logger.warning(
-        "key %s: %s; the key is kept closed, duplicates are answered 422", _http.key_digest(claim.key), reason
-    )
-    await http_aio.mark(claim, _http.abandoned_payload(fp, reason))
 
 
 def _answered_by_django(error: Exception) -> bool:

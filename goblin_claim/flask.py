@@ -63,7 +63,7 @@ class Idempotency:
     def __init__(self, app: Flask | None = None, *, client: Any, **options: Any) -> None:
         self._given = dict(options)
         self.defaults = _http.make_options(**options)
-        self._door = http_sync.SyncDoor(client, self.defaults)
+        self._door = http_sync.SyncDoor(client, self.defaults, "goblin_claim.flask.Idempotency")
         if app is not None:
             self.init_app(app)
 
@@ -129,11 +129,7 @@ class Idempotency:
         fp = _http.request_fingerprint(
             options, request, None if kind is None else kind.encode("latin-1"), request.query_string, body
         )
-        name = _http.claim_name(request.method, request.root_path + request.path, owner, key)
-        claim = Claim(
-            self._door.client(), name, lease=options.lease, ttl=options.ttl, namespace=options.namespace,
-            token=_http.claim_token(fp),
-        )  # fmt: skip
+        claim = self._door.claim(request.method, request.root_path + request.path, owner, key, fp, options)
         accept = request.headers.get("Accept-Encoding")
         # One "request" event, from the claim to the settled response (after_request or teardown).
         op = _events.observing("request", claim)

@@ -74,7 +74,7 @@ class IdempotencyMiddleware:
     def __init__(self, app: WSGIApp, *, client: Any, **options: Any) -> None:
         self.app = app
         self.options = _http.make_options(**options)
-        self._door = SyncDoor(client, self.options)
+        self._door = SyncDoor(client, self.options, "goblin_claim.wsgi.IdempotencyMiddleware")
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Handle one WSGI request: intercepted ones here, everything else passed to the app."""
@@ -215,7 +215,7 @@ class _Run:
         if unstored is not None:
             logger.warning(
                 "key %s: the %s response is passed through and not kept for replay: %s; duplicates are answered 422",
-                _http.key_digest(self._claim.key), self._status_code(), unstored,
+                _events.key_digest(self._claim.key), self._status_code(), unstored,
             )  # fmt: skip
             headers = [*headers, _text(UNSTORED_HEADER)]
         start_response(self._status, headers)

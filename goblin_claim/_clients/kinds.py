@@ -1,13 +1,16 @@
-"""Whether a client is sync or asyncio, and the message for a client of the wrong kind."""
+"""Whether a client is sync or asyncio, the message for a client of the wrong kind, and a client made on first use."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Final
+import threading
+from collections.abc import Callable
+from typing import Any, Final
 
 from .._errors import (
     InvalidArgumentTypeError,
 )
+from .families import adapt
 
 # Per client type: True when its commands are coroutines (asyncio), False when not.
 # Judged by what the client does, so redis-py-compatible clients keep working.
@@ -47,13 +50,27 @@ ASYNC_NEEDS: Final = (
 ANY_CLIENT: Final = "pass a redis-py, valkey-py or GLIDE client"
 
 
-def check_client(client: object, wants_async: bool | None, user: str) -> None:
+def check_client(
+    client: object,
+    wants_async: bool | None,
+    user: str,
+    hint: str | None = None,
+    *,
+    also: str = "",
+    error: Callable[[str], Exception] = InvalidArgumentTypeError,
+) -> None:
     """Raise unless ``client`` is a client of the kind ``user`` needs (asyncio or sync).
+
+    One message for every user: ``<user> needs <clients><also>, not <type>; <hint>``.
 
     Args:
         client: The client passed in.
         wants_async: Whether ``user`` awaits the client's commands; ``None`` checks nothing.
-        user: The handle class that needs the client, for the message.
+        user: What needs the client (a handle class, ``@idempotent on def f``, a door), for the message.
+        hint: What to do about a client of the other kind; ``None``: the handles' advice
+            (``Claim`` for a sync client, ``AsyncClaim`` for an asyncio one).
+        also: What else ``user`` accepts, after the clients (`` or a function of no arguments returning one``).
+        error: The exception raised (``InvalidArgumentTypeError``; a framework's own configuration error).
     """
     if wants_async is None:
         return
@@ -64,8 +81,49 @@ def check_client(client: object, wants_async: bool | None, user: str) -> None:
     got = f"{type(client).__module__}.{type(client).__qualname__}"
     if kind is None:
         hint = ANY_CLIENT
-    elif wants_async:
+    elif hint is None and wants_async:
         hint = "use Claim for a sync client, or pass an asyncio one"
-    else:
+    elif hint is None:
         hint = "use AsyncClaim (and await its methods) for an asyncio client, or pass a sync client"
-    raise InvalidArgumentTypeError(f"{user} needs {needs}, not {got}; {hint}")
+    raise error(f"{user} needs {needs}{also}, not {got}; {hint}")
+
+
+FACTORY: Final = " or a function of no arguments returning one"
+"""What ``check_client``'s ``also`` says for a user that takes a factory (``LazyClient``)."""
+
+
+class LazyClient:
+    """A client given as it is, or made on first use by a function of no arguments: once, under a lock.
+
+    A GLIDE client (given or made) is its adapter; ``check`` raises for a client of
+    the wrong kind, at construction for a client given, on first use for one made.
+    The client may not exist yet when the holder is made (an application's
+    start-up, a test's fixture, a pre-forking server's worker).
+    """
+
+    __slots__ = ("_check", "_client", "_factory", "_lock")
+
+    def __init__(self, client: Any, check: Callable[[Any], None]) -> None:
+        self._check = check
+        self._client: Any = None
+        self._factory: Callable[[], Any] | None = None
+        self._lock = threading.Lock()
+        client = adapt(client)  # a GLIDE client: its adapter
+        if client_kind(client) is None and callable(client):
+            self._factory = client
+        else:
+            check(client)
+            self._client = client
+
+    def get(self) -> Any:
+        """The client, made by the factory (and checked) on the first call when a factory was given."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    assert self._factory is not None
+                    made = adapt(self._factory())
+                    self._check(made)
+                    self._client = made
+                client = self._client
+        return client

@@ -7,16 +7,14 @@ import hashlib
 import inspect
 import os
 import sys
-import threading
 import time
 import types
 import typing
 import uuid
 from collections.abc import Callable, Coroutine
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
-from .._clients.families import adapt
-from .._clients.kinds import ANY_CLIENT, ASYNC_NEEDS, SYNC_NEEDS, client_kind
+from .._clients.kinds import LazyClient, check_client
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -109,17 +107,29 @@ class _Spec:
         target = _target(func)
         _refuse_generators(target, self.name)
         self.is_async = inspect.iscoroutinefunction(target)
-        self._client: Any = None
-        self._client_factory: Callable[[], Any] | None = None
-        self._client_lock = threading.Lock()
-        client = adapt(client)  # a GLIDE client: its adapter
-        if client_kind(client) is None and callable(client):
-            # A factory, resolved on the first call: the client may not exist yet
-            # when the module is imported (an application's start-up, a test's fixture).
-            self._client_factory = client
-        else:
-            _check_client(self.name, client, self.is_async)
-            self._client = client
+        # A factory is resolved on the first call: the client may not exist yet when
+        # the module is imported (an application's start-up, a test's fixture).
+        self._client = LazyClient(client, functools.partial(_check_client, self.name, self.is_async))
+        self._read_signature(func)
+        self.key = self._checked_key(key)
+        self.lease = check_seconds("lease", lease)
+        self.ttl = check_seconds("ttl", ttl)
+        self.wait = check_timeout("wait", wait)
+        # An integration's bound on the wait, from ``wait``, the holder's lease left and
+        # the lease: the job queues never wait past the lease left (goblin_claim._jobs).
+        self.wait_bound: Callable[[float, float | None, int], float] | None = None
+        self.namespace = check_namespace(self._namespace_of(func, namespace))
+        self._choose_fingerprint(fingerprint)
+        self.replay_errors = _checked_replay_errors(replay_errors)
+        if type(keep_alive) is not bool:
+            raise InvalidArgumentTypeError(f"keep_alive must be True or False, not {describe(keep_alive)}")
+        self.keep_alive = keep_alive
+        self.native = check_native(native)
+        self.replicas, self.replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+        self.codec: Codec[Any] = Codec(_return_type(target, self.name))
+
+    def _read_signature(self, func: Callable[..., Any]) -> None:
+        """The signature, and what ``bind`` needs for its fast path (plain parameters, their defaults)."""
         try:
             self.signature = inspect.signature(func)
             plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values())
@@ -130,33 +140,36 @@ class _Spec:
             )
         except (TypeError, ValueError) as exc:  # a builtin without a signature, say
             raise InvalidArgumentTypeError(f"cannot read the signature of {self.name}: {exc}") from exc
+
+    def _checked_key(self, key: object) -> Callable[..., str] | str:
+        """``key``: one parameter's name (not ``*args`` or ``**kwargs``) or a function of the arguments."""
         if isinstance(key, str):
             param = self.signature.parameters.get(key)
             if param is None:
                 raise InvalidArgumentTypeError(f"key={describe(key)} is not a parameter of {self.name}{self.signature}")
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise InvalidArgumentError(f"key={key!r} names *{key} or **{key}, which holds no single key")
-        elif not callable(key):
+            return key
+        if not callable(key):
             raise InvalidArgumentTypeError(
                 f"key must be a parameter name or a function of the arguments, not {describe(key)}"
             )
-        self.key = key
-        self.lease = check_seconds("lease", lease)
-        self.ttl = check_seconds("ttl", ttl)
-        self.wait = check_timeout("wait", wait)
-        # An integration's bound on the wait, from ``wait``, the holder's lease left and
-        # the lease: the job queues never wait past the lease left (goblin_claim._jobs).
-        self.wait_bound: Callable[[float, float | None, int], float] | None = None
-        if namespace is None:  # an empty namespace is refused below, like Claim's, not replaced
-            namespace = default_namespace(func)
-            if namespace is None:
-                raise InvalidArgumentError(
-                    f"cannot name a default namespace for {self.name} (no module and qualified name, or defined "
-                    "where there is no file: a REPL, python -c): pass namespace="
-                )
-        self.namespace = check_namespace(namespace)
-        # The parameters the fingerprint counts, chosen once: every one but a
-        # method's self/cls by default, or the tuple's names.
+        return cast("Callable[..., str]", key)
+
+    def _namespace_of(self, func: Callable[..., Any], namespace: str | None) -> str:
+        """The namespace given, or the function's default one (an empty one is refused later, like Claim's)."""
+        if namespace is not None:
+            return namespace
+        default = default_namespace(func)
+        if default is None:
+            raise InvalidArgumentError(
+                f"cannot name a default namespace for {self.name} (no module and qualified name, or defined "
+                "where there is no file: a REPL, python -c): pass namespace="
+            )
+        return default
+
+    def _choose_fingerprint(self, fingerprint: Callable[..., str] | tuple[str, ...] | None) -> None:
+        """The parameters the fingerprint counts, once: all but a method's self/cls by default, or the tuple's."""
         self.counted: FingerprintParameters | None = None
         if fingerprint is ALL_ARGUMENTS or isinstance(fingerprint, tuple):
             names = None if fingerprint is ALL_ARGUMENTS else fingerprint
@@ -168,33 +181,11 @@ class _Spec:
                 f"not {describe(fingerprint)}{hint}"
             )
         self.fingerprint = fingerprint
-        if not isinstance(replay_errors, tuple) or not all(
-            isinstance(kind, type) and issubclass(kind, BaseException) for kind in replay_errors
-        ):
-            raise InvalidArgumentTypeError(
-                f"replay_errors must be a tuple of exception classes, not {describe(replay_errors)}"
-            )
-        self.replay_errors = replay_errors
-        if type(keep_alive) is not bool:
-            raise InvalidArgumentTypeError(f"keep_alive must be True or False, not {describe(keep_alive)}")
-        self.keep_alive = keep_alive
-        self.native = check_native(native)
-        self.replicas, self.replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
-        self.codec: Codec[Any] = Codec(_return_type(target, self.name))
 
     @property
     def client(self) -> Any:
         """The client, made by the factory on first use when a factory was given."""
-        client = self._client
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    assert self._client_factory is not None
-                    made = adapt(self._client_factory())
-                    _check_client(self.name, made, self.is_async)
-                    self._client = made
-                client = self._client
-        return client
+        return self._client.get()
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The arguments by parameter name, defaults applied, as ``Signature.bind`` gives them."""
@@ -336,18 +327,23 @@ class _Spec:
         )
 
 
-def _check_client(name: str, client: Any, is_async: bool) -> None:
+def _check_client(name: str, is_async: bool, client: Any) -> None:
     # Judged by what the client does (an awaitable execute_command or not), so
     # redis-py-compatible clients of the right kind work too.
-    kind = client_kind(client)
-    if kind is is_async:
-        return
-    got = type(client).__name__
     if is_async:
-        hint = f"make {name} a plain def" if kind is False else ANY_CLIENT
-        raise InvalidArgumentTypeError(f"@idempotent on async def {name} needs {ASYNC_NEEDS}, not {got}; {hint}")
-    hint = f"make {name} an async def" if kind else ANY_CLIENT
-    raise InvalidArgumentTypeError(f"@idempotent on def {name} needs {SYNC_NEEDS}, not {got}; {hint}")
+        check_client(client, True, f"@idempotent on async def {name}", f"make {name} a plain def")
+    else:
+        check_client(client, False, f"@idempotent on def {name}", f"make {name} an async def")
+
+
+def _checked_replay_errors(replay_errors: object) -> tuple[type[BaseException], ...]:
+    if not isinstance(replay_errors, tuple) or not all(
+        isinstance(kind, type) and issubclass(kind, BaseException) for kind in replay_errors
+    ):
+        raise InvalidArgumentTypeError(
+            f"replay_errors must be a tuple of exception classes, not {describe(replay_errors)}"
+        )
+    return replay_errors
 
 
 def _target(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,16 +11,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._clients.kinds import ASYNC_NEEDS
 from .wakeup import async_wakeups as wakeups
 
-__all__ = ["CANCELLED", "CLIENT_KIND", "NEEDS", "load_commands", "sleep", "wakeups"]
+__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "sleep", "wakeups"]
 
 # What a round trip cut short by the caller raises: an asyncio task's cancellation.
 CANCELLED: tuple[type[BaseException], ...] = (asyncio.CancelledError,)
-# What ``client_kind`` answers for a client of this flavour, and the words saying which clients those are.
+# What ``client_kind`` answers for a client of this flavour, and what its doors tell a client of the other kind.
 CLIENT_KIND = True
-NEEDS = ASYNC_NEEDS
+OTHER_DOOR = "an HTTP door under ASGI awaits its client: pass an asyncio one (a sync client is for WSGI)"
 
 
 async def sleep(woken: asyncio.Event | None, delay: float) -> None:

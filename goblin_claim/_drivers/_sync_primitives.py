@@ -10,17 +10,16 @@ import threading
 import time
 from typing import Any
 
-from .._clients.kinds import SYNC_NEEDS
 from .wakeup import wakeups
 
-__all__ = ["CANCELLED", "CLIENT_KIND", "NEEDS", "load_commands", "sleep", "wakeups"]
+__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "sleep", "wakeups"]
 
 # What a round trip cut short by the caller raises: nothing, a thread is not cancelled
 # (a KeyboardInterrupt is the drivers' own to handle, as any BaseException).
 CANCELLED: tuple[type[BaseException], ...] = ()
-# What ``client_kind`` answers for a client of this flavour, and the words saying which clients those are.
+# What ``client_kind`` answers for a client of this flavour, and what its doors tell a client of the other kind.
 CLIENT_KIND = False
-NEEDS = SYNC_NEEDS
+OTHER_DOOR = "an HTTP door under WSGI calls its client in threads: pass a sync one (an asyncio client is for ASGI)"
 
 
 def sleep(woken: threading.Event | None, delay: float) -> None:

@@ -7,62 +7,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable
 from typing import Any, Literal
 
 from .. import _http
-from .._clients.families import adapt
-from .._clients.kinds import client_kind
+from .._clients.kinds import FACTORY, LazyClient, check_client
 from .._clients.transport import to_the_end_async
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
-    InvalidArgumentTypeError,
     ResultLostError,
     StillInFlightError,
 )
+from .._events import key_digest
 from .._http import STORE_WINDOW, Answer, Options
 from .._outcomes import Completed, InFlight
 from .._protocol.timing import WaitSchedule
-from ._aio_primitives import CANCELLED, CLIENT_KIND, NEEDS
+from ._aio_primitives import CANCELLED, CLIENT_KIND, OTHER_DOOR
 from .aio import AsyncClaim
 
 logger = logging.getLogger("goblin_claim.asgi")
 
 
 class AsyncDoor:
-    """The client a door claims through (made on first use by a factory), and its options."""
+    """The client a door claims through (made on first use by a factory), its options, and its claims."""
 
-    def __init__(self, client: Any, options: Options) -> None:
+    def __init__(self, client: Any, options: Options, user: str) -> None:
         self.options = options
-        self._client: Any = None
-        self._factory: Callable[[], Any] | None = None
-        client = adapt(client)  # a GLIDE client: its adapter
-        if client_kind(client) is None and callable(client):
-            self._factory = client
-        else:
-            _check_client(client)
-            self._client = client
+        self._client = LazyClient(client, functools.partial(_check_client, user))
 
     def client(self) -> Any:
         """The client, made by the factory on first use."""
-        client = self._client
-        if client is None:
-            assert self._factory is not None
-            made = adapt(self._factory())
-            _check_client(made)
-            self._client = client = made
-        return client
+        return self._client.get()
 
-    def claim(self, method: str, path: str, owner: str | None, key: str, fp: str) -> AsyncClaim:
-        """The claim for one request's key, with a token carrying its fingerprint."""
-        options = self.options
+    def claim(
+        self, method: str, path: str, owner: str | None, key: str, fp: str, options: Options | None = None
+    ) -> AsyncClaim:
+        """The claim for one request's key (under the door's options, or a route's own), its token carrying ``fp``."""
+        o = self.options if options is None else options
         return AsyncClaim(
-            self.client(), _http.claim_name(method, path, owner, key), lease=options.lease, ttl=options.ttl,
-            namespace=options.namespace, token=_http.claim_token(fp),
+            self._client.get(), _http.claim_name(method, path, owner, key), lease=o.lease, ttl=o.ttl,
+            namespace=o.namespace, token=_http.claim_token(fp),
         )  # fmt: skip
 
 
@@ -169,12 +157,8 @@ async def give_back(claim: AsyncClaim) -> bool:
 
 
 def _digest(claim: AsyncClaim) -> str:
-    return _http.key_digest(claim.key)
+    return key_digest(claim.key)
 
 
-def _check_client(client: object) -> None:
-    if client_kind(client) is not CLIENT_KIND:
-        raise InvalidArgumentTypeError(
-            f"this middleware needs {NEEDS} or a function of no "
-            f"arguments returning one, not {type(client).__module__}.{type(client).__qualname__}"
-        )
+def _check_client(user: str, client: object) -> None:
+    check_client(client, CLIENT_KIND, user, OTHER_DOOR, also=FACTORY)

@@ -1,0 +1,85 @@
+"""A door's client factory is called once, however many threads ask first; a wrong kind is refused as before."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import fakeredis
+import pytest
+
+from goblin_claim import InvalidArgumentTypeError
+from goblin_claim._clients.kinds import LazyClient, check_client
+from goblin_claim.wsgi import IdempotencyMiddleware
+
+
+def _app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    start_response("201 Created", [("Content-Type", "text/plain")])
+    return [b"made"]
+
+
+def test_a_factory_racing_threads_is_called_once() -> None:
+    """Threads of a threaded server asking for the client at once share the one the factory made."""
+    made: list[Any] = []
+
+    def factory() -> Any:
+        time.sleep(0.05)  # long enough for every thread to arrive while the first is inside
+        made.append(fakeredis.FakeRedis())
+        return made[-1]
+
+    holder = LazyClient(factory, lambda client: check_client(client, False, "test"))
+    start = threading.Barrier(8)
+    got: list[Any] = []
+
+    def ask() -> None:
+        start.wait()
+        got.append(holder.get())
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1
+    assert got == made * 8
+
+
+def test_the_wsgi_door_resolves_its_factory_once_under_threads() -> None:
+    """The WSGI door's factory, like @idempotent's, is called once by concurrent first requests."""
+    calls: list[int] = []
+    server = fakeredis.FakeServer()
+
+    def factory() -> Any:
+        calls.append(1)
+        time.sleep(0.05)
+        return fakeredis.FakeRedis(server=server)
+
+    middleware = IdempotencyMiddleware(_app, client=factory, namespace="door-clients")
+    start = threading.Barrier(6)
+
+    def request(index: int) -> None:
+        environ = {
+            "REQUEST_METHOD": "POST", "PATH_INFO": "/charges", "HTTP_IDEMPOTENCY_KEY": f"k-{index}",
+            "CONTENT_LENGTH": "0", "wsgi.input": None,
+        }  # fmt: skip
+        start.wait()
+        middleware(environ, lambda status, headers, exc_info=None: None)
+
+    threads = [threading.Thread(target=request, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == [1]
+
+
+def test_a_factory_of_the_wrong_kind_is_refused_on_first_use() -> None:
+    """The check runs on the client made, with the door's message; nothing is kept, so the next call tries again."""
+    holder = LazyClient(
+        lambda: fakeredis.FakeAsyncRedis(), lambda client: check_client(client, False, "the door", "say so")
+    )
+    with pytest.raises(InvalidArgumentTypeError, match=r"^the door needs a sync client .*; say so$"):
+        holder.get()
+    with pytest.raises(InvalidArgumentTypeError):
+        holder.get()
