@@ -107,10 +107,10 @@ compiler:
 # missing reference or any warning fail. Nothing is fetched at build time (no web fonts, no
 # CDN: Material's font is off). `make docs-serve` serves it on http://127.0.0.1:8000.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 docs-serve: $(STAMP)
-	$(BIN)/mkdocs serve --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SOURCES)
