@@ -222,24 +222,24 @@ def path_of(claim: Any, script: Script | None) -> str | None:
         return None
 
 
+# The outcome an error comes to, the first class it is an instance of deciding.
+_ERROR_OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
+    (StillInFlightError, "wait_timeout"),
+    (ResultLostError, "result_lost"),
+    (PayloadMismatchError, "payload_mismatch"),
+    (ResultNotSerializableError, "unstorable"),
+    (ClaimLostError, "claim_lost"),
+    (NotReplicatedError, "not_replicated"),
+    (ConnectionFailedError, "unavailable"),
+    (ReplayedError, "completed"),  # a replay of the stored error
+)
+
+
 def outcome_of_error(exc: BaseException) -> str:
     """The outcome an operation that raised ``exc`` came to."""
-    if isinstance(exc, StillInFlightError):
-        return "wait_timeout"
-    if isinstance(exc, ResultLostError):
-        return "result_lost"
-    if isinstance(exc, PayloadMismatchError):
-        return "payload_mismatch"
-    if isinstance(exc, ResultNotSerializableError):
-        return "unstorable"
-    if isinstance(exc, ClaimLostError):
-        return "claim_lost"
-    if isinstance(exc, NotReplicatedError):
-        return "not_replicated"
-    if isinstance(exc, ConnectionFailedError):
-        return "unavailable"
-    if isinstance(exc, ReplayedError):
-        return "completed"  # a replay of the stored error
+    for kind, outcome in _ERROR_OUTCOMES:
+        if isinstance(exc, kind):
+            return outcome
     return "error"
 
 
