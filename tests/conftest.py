@@ -33,9 +33,10 @@ import itertools
 import os
 import re
 import signal
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import fakeredis
 import pytest
@@ -49,7 +50,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from goblin_claim import AsyncClaim, Claim, idempotent
+from goblin_claim import AsyncClaim, Claim, ClaimLostError, idempotent
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.support import servers
 
@@ -127,26 +128,41 @@ def publish(raw: Any, handle: Any, value: str | bytes, ttl: int = 600) -> None:
         raw.set(handle.result_key, value, ex=ttl)
 
 
+def in_thread(call: Callable[[], object], errors: list[ClaimLostError]) -> threading.Thread:
+    """``call`` started in a thread of its own; the ``ClaimLostError`` it may raise is put in ``errors``."""
+
+    def target() -> None:
+        try:
+            call()
+        except ClaimLostError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread
+
+
 # --------------------------------------------------------------------------- real servers
+
+
+def missing(message: str) -> NoReturn:
+    """Something the test needs is not installed or did not build: a failure in CI, a skip elsewhere."""
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def _binary() -> str:
     binary = servers.redis_server_binary()
     if binary is None:
-        message = "redis-server is not installed (make test installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("redis-server is not installed (make test installs it)")
     return binary
 
 
 def _valkey_binary() -> str:
     binary = servers.valkey_server_binary()
     if binary is None:
-        message = "valkey-server is not built (make valkey-server builds it; make test too)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("valkey-server is not built (make valkey-server builds it; make test too)")
     return binary
 
 
@@ -254,10 +270,7 @@ def goblin_module() -> str:
     """The reference module's path (``make native`` builds it when missing or stale)."""
     path, output = servers.build_module()
     if path is None:
-        message = f"the reference module did not build (make native):\n{output[-3000:]}"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"the reference module did not build (make native):\n{output[-3000:]}")
     return str(path)
 
 
@@ -396,9 +409,7 @@ def glide_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
         import glide
         import glide_sync
     except ImportError:
-        if IN_CI:
-            pytest.fail("valkey-glide and valkey-glide-sync are not installed")
-        pytest.skip("valkey-glide and valkey-glide-sync are not installed")
+        missing("valkey-glide and valkey-glide-sync are not installed")
 
     def make_sync(**kw: Any) -> Any:
         kind = glide_sync.GlideClusterClient if cluster else glide_sync.GlideClient
@@ -408,16 +419,7 @@ def glide_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
         kind = glide.GlideClusterClient if cluster else glide.GlideClient
         return kind.create(_glide_config(glide, host, port, cluster, kw))  # a coroutine: awaited in the loop
 
-    raw = _server_backend(name, host, port, cluster=cluster)
-    return Backend(
-        name,
-        native=False,
-        make_sync=make_sync,
-        make_async=make_async,
-        is_cluster=cluster,
-        is_server=True,
-        make_raw=raw.make_sync,
-    )
+    return _family_backend(name, host, port, cluster, make_sync, make_async)
 
 
 def valkey_py_backend(name: str, host: str, port: int, cluster: bool) -> Backend:
@@ -425,10 +427,15 @@ def valkey_py_backend(name: str, host: str, port: int, cluster: bool) -> Backend
     try:
         from tests.support import valkey_py
     except ImportError:
-        if IN_CI:
-            pytest.fail("valkey (valkey-py) is not installed")
-        pytest.skip("valkey (valkey-py) is not installed")
+        missing("valkey (valkey-py) is not installed")
     make_sync, make_async = (valkey_py.cluster_clients if cluster else valkey_py.standalone_clients)(host, port)
+    return _family_backend(name, host, port, cluster, make_sync, make_async)
+
+
+def _family_backend(
+    name: str, host: str, port: int, cluster: bool, make_sync: Callable[..., Any], make_async: Callable[..., Any]
+) -> Backend:
+    """Another client family's backend on a server: its clients, and redis-py's for the raw reads."""
     raw = _server_backend(name, host, port, cluster=cluster)
     return Backend(
         name,

@@ -31,7 +31,7 @@ from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, idempotent
 from goblin_claim._drivers.keepalive import COALESCE
 from goblin_claim._protocol.scripts import EXTEND
 from goblin_claim._protocol.timing import lease_margin
-from tests.conftest import IN_CI, unique
+from tests.conftest import in_thread, missing, unique
 from tests.support import servers
 from tests.support.proxy import FaultProxy
 from tests.support.servers import HOST, RedisProcess
@@ -49,9 +49,7 @@ def own_cluster() -> Iterator[list[RedisProcess]]:
     """A three-primary cluster of this module's own (its tests stall a node and let it go again)."""
     binary = servers.redis_server_binary()
     if binary is None:
-        if IN_CI:
-            pytest.fail("redis-server is not installed")
-        pytest.skip("redis-server is not installed")
+        missing("redis-server is not installed")
     with servers.cluster(binary) as nodes:
         try:
             yield nodes
@@ -358,15 +356,7 @@ def test_a_renewal_stuck_past_the_lease_is_given_up_and_the_result_carries_over(
             return run
 
         errors: list[ClaimLostError] = []
-
-        def first() -> None:
-            try:
-                job("x")
-            except ClaimLostError as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=first)
-        thread.start()
+        thread = in_thread(lambda: job("x"), errors)
         assert started.wait(10)
         stall(server, "sigstop", lease + 0.6)
         time.sleep(lease + 0.9)

@@ -36,7 +36,7 @@ from goblin_claim import (
     idempotent,
 )
 from goblin_claim.testing import fake_async_redis, fake_redis
-from tests.conftest import ALL_BACKENDS, Backend, Deco, record, unique
+from tests.conftest import ALL_BACKENDS, Backend, Deco, in_thread, record, unique
 
 # Also on redis-server with the reference module loaded (the SDK takes the native path).
 BACKENDS = ALL_BACKENDS
@@ -780,16 +780,8 @@ def test_without_keep_alive_the_stale_owner_loses(backend: Backend) -> None:
 
     namespace = unique("ns")
     wrapped = idempotent(client, key="k", namespace=namespace, lease=1, wait=10, keep_alive=False)(long_work)
-    errors: list[BaseException] = []
-
-    def first() -> None:
-        try:
-            wrapped("k")
-        except ClaimLostError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=first)
-    thread.start()
+    errors: list[ClaimLostError] = []
+    thread = in_thread(lambda: wrapped("k"), errors)
     assert started.wait(10)
     assert wrapped("k") == "run-2"  # waited past the lease, took over, ran
     thread.join()

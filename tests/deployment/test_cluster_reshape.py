@@ -38,7 +38,7 @@ from goblin_claim import (
 )
 from goblin_claim._clients.errors import raised_by_client, translate
 from goblin_claim._clients.transport import pack
-from tests.conftest import IN_CI, Backend, aclose, glide_backend, unique, valkey_py_backend
+from tests.conftest import Backend, aclose, glide_backend, missing, unique, valkey_py_backend
 from tests.support import servers
 
 pytestmark = pytest.mark.slow
@@ -47,10 +47,7 @@ pytestmark = pytest.mark.slow
 def _binary(kind: str) -> str:
     found = servers.redis_server_binary() if kind == "redis" else servers.valkey_server_binary()
     if found is None:
-        message = f"{kind} server binary not found (make redis-server / make valkey-server)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{kind} server binary not found (make redis-server / make valkey-server)")
     return found
 
 

@@ -39,7 +39,7 @@ from goblin_claim._protocol.scripts import (
     with_owner_checks,
 )
 from goblin_claim.testing import fake_redis
-from tests.conftest import IN_CI, Driver, Runner, SyncView, stored, unique
+from tests.conftest import Driver, Runner, SyncView, missing, stored, unique
 from tests.support import servers
 from tests.support.proxy import FaultProxy, Faults
 
@@ -440,10 +440,7 @@ def own_valkey() -> Iterator[servers.RedisProcess]:
     """A valkey-server of this module's own (its ACL users and maxmemory touch no other test)."""
     binary = servers.valkey_server_binary()
     if binary is None:
-        message = "valkey-server is not built (make valkey-server)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("valkey-server is not built (make valkey-server)")
     with servers.standalone(binary) as server:
         yield server
 
