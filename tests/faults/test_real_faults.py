@@ -281,22 +281,23 @@ def _resent_claim_outcome(rig: Rig, outcome: object, handle: Any) -> None:
     assert rig.raw.get(handle.claim_key) == handle.token.encode()
 
 
-def test_acquire_reply_lost_is_resent_and_still_claimed(rig: Rig) -> None:
-    """acquire()'s reply is lost after the server claimed; redis-py re-sends it: Claimed (InFlight on a cluster)."""
-    handle = rig.claim(rig.client(), unique())
-    rig.faults.lose_next_reply(handle.claim_key.encode())
+def _acquire_resent(rig: Rig, fault: str, flavour: str = "default") -> None:
+    """acquire() with ``fault`` (a ``Faults`` method) armed on its key's reply: sent twice, the claim taken once."""
+    handle = rig.claim(rig.client(flavour), unique())
+    getattr(rig.faults, fault)(handle.claim_key.encode())
     _resent_claim_outcome(rig, handle.acquire(), handle)
     assert sent(rig.faults, handle.claim_key, "claim") == 2
     assert rig.raw.get(handle.claim_key) == handle.token.encode()
+
+
+def test_acquire_reply_lost_is_resent_and_still_claimed(rig: Rig) -> None:
+    """acquire()'s reply is lost after the server claimed; redis-py re-sends it: Claimed (InFlight on a cluster)."""
+    _acquire_resent(rig, "lose_next_reply")
 
 
 def test_acquire_reply_held_past_socket_timeout_is_resent_and_still_claimed(rig: Rig) -> None:
     """acquire()'s reply is held past the client's timeout; the re-sent claim is Claimed (InFlight on a cluster)."""
-    handle = rig.claim(rig.client("timeout"), unique())
-    rig.faults.hold_next_reply(handle.claim_key.encode())
-    _resent_claim_outcome(rig, handle.acquire(), handle)
-    assert sent(rig.faults, handle.claim_key, "claim") == 2
-    assert rig.raw.get(handle.claim_key) == handle.token.encode()
+    _acquire_resent(rig, "hold_next_reply", "timeout")
 
 
 def test_acquire_cut_before_the_server_is_retried_once(rig: Rig) -> None:
@@ -347,31 +348,28 @@ def _assert_completed(rig: Rig, handle: Any, value: bytes) -> None:
     assert outcome.value == value
 
 
+def _complete_through(rig: Rig, fault: str, sends: int, flavour: str = "default") -> None:
+    """complete() with ``fault`` (a ``Faults`` method) armed on its write: a success, sent ``sends`` times."""
+    handle = _claimed(rig, flavour)
+    getattr(rig.faults, fault)(handle.claim_key.encode(), b"receipt")
+    handle.complete(b"receipt")
+    assert sent(rig.faults, handle.claim_key, "complete") == sends
+    _assert_completed(rig, handle, b"receipt")
+
+
 def test_complete_reply_lost_is_resent_and_succeeds(rig: Rig) -> None:
     """complete()'s reply is lost after it stored; the re-sent complete is a success, stored once."""
-    handle = _claimed(rig)
-    rig.faults.lose_next_reply(handle.claim_key.encode(), b"receipt")
-    handle.complete(b"receipt")
-    assert sent(rig.faults, handle.claim_key, "complete") == 2
-    _assert_completed(rig, handle, b"receipt")
+    _complete_through(rig, "lose_next_reply", 2)
 
 
 def test_complete_reply_held_past_socket_timeout_is_resent_and_succeeds(rig: Rig) -> None:
     """complete()'s reply is held until the client times out; the re-sent complete is a success."""
-    handle = _claimed(rig, "timeout")
-    rig.faults.hold_next_reply(handle.claim_key.encode(), b"receipt")
-    handle.complete(b"receipt")
-    assert sent(rig.faults, handle.claim_key, "complete") == 2
-    _assert_completed(rig, handle, b"receipt")
+    _complete_through(rig, "hold_next_reply", 2, "timeout")
 
 
 def test_complete_cut_before_the_server_is_retried_once(rig: Rig) -> None:
     """The connection drops before complete() reaches the server; redis-py's retry stores it, sent once."""
-    handle = _claimed(rig)
-    rig.faults.drop_before(handle.claim_key.encode(), b"receipt")
-    handle.complete(b"receipt")
-    assert sent(rig.faults, handle.claim_key, "complete") == 1
-    _assert_completed(rig, handle, b"receipt")
+    _complete_through(rig, "drop_before", 1)
 
 
 def test_complete_cut_without_retries_raises_and_writes_nothing(rig: Rig) -> None:
@@ -449,39 +447,7 @@ def test_extend_cut_without_retries_raises_and_renews_nothing(rig: Rig) -> None:
     assert rig.raw.get(handle.claim_key) == handle.token.encode()
 
 
-# --------------------------------------------------------------------------- release
-
-
-def test_release_reply_lost_is_resent_and_reports_false_with_the_claim_free(rig: Rig) -> None:
-    """release()'s reply is lost after it deleted; the re-send reports False and the claim is free."""
-    handle = _claimed(rig)
-    rig.faults.lose_next_reply(handle.claim_key.encode())
-    assert handle.release() is False
-    assert sent(rig.faults, handle.claim_key, "release") == 2
-    assert rig.raw.exists(handle.claim_key) == 0
-    assert isinstance(rig.claim(rig.client(), handle.key).acquire(), Claimed)
-
-
-def test_release_cut_before_the_server_is_retried_once(rig: Rig) -> None:
-    """The connection drops before release() reaches the server; redis-py's retry releases, reporting True."""
-    handle = _claimed(rig)
-    rig.faults.drop_before(handle.claim_key.encode())
-    assert handle.release() is True
-    assert sent(rig.faults, handle.claim_key, "release") == 1
-    assert rig.raw.exists(handle.claim_key) == 0
-
-
-def test_release_cut_without_retries_raises_and_keeps_the_claim(rig: Rig) -> None:
-    """With retries off, release() cut before the server raises; the claim is still held by its token."""
-    handle = _claimed(rig, "no-retries")
-    rig.faults.drop_before(handle.claim_key.encode())
-    with pytest.raises(ConnectionFailedError):
-        handle.release()
-    assert rig.raw.get(handle.claim_key) == handle.token.encode()
-    assert handle.release() is True
-
-
-# --------------------------------------------------------------------------- forget
+# --------------------------------------------------------------------------- release and forget
 
 
 def _completed(rig: Rig, flavour: str = "default") -> Any:
@@ -490,33 +456,54 @@ def _completed(rig: Rig, flavour: str = "default") -> Any:
     return handle
 
 
-def test_forget_reply_lost_is_resent_and_reports_false_with_the_record_gone(rig: Rig) -> None:
-    """forget()'s reply is lost after it deleted; the re-send reports False and the key is open again."""
-    handle = _completed(rig)
+def _to_delete(rig: Rig, operation: str, flavour: str = "default") -> tuple[Any, bytes]:
+    """A handle for ``operation`` to delete (claimed for release, completed for forget) and its record."""
+    if operation == "release":
+        handle = _claimed(rig, flavour)
+        return handle, handle.token.encode()
+    handle = _completed(rig, flavour)
+    return handle, record(handle.token, b"stored")
+
+
+def _delete_reply_lost(rig: Rig, operation: str) -> None:
+    """``operation`` deletes, its reply is lost: the re-send reports False, the key is free."""
+    handle, _ = _to_delete(rig, operation)
     rig.faults.lose_next_reply(handle.claim_key.encode())
-    assert handle.forget() is False
-    assert sent(rig.faults, handle.claim_key, "forget") == 2
+    assert getattr(handle, operation)() is False
+    assert sent(rig.faults, handle.claim_key, operation) == 2
     assert rig.raw.exists(handle.claim_key) == 0
     assert isinstance(rig.claim(rig.client(), handle.key).acquire(), Claimed)
 
 
-def test_forget_cut_before_the_server_is_retried_once(rig: Rig) -> None:
-    """The connection drops before forget() reaches the server; redis-py's retry deletes the record, True."""
-    handle = _completed(rig)
+def test_release_reply_lost_is_resent_and_reports_false_with_the_claim_free(rig: Rig) -> None:
+    """release()'s reply is lost after it deleted; the re-send reports False and the claim is free."""
+    _delete_reply_lost(rig, "release")
+
+
+def test_forget_reply_lost_is_resent_and_reports_false_with_the_record_gone(rig: Rig) -> None:
+    """forget()'s reply is lost after it deleted; the re-send reports False and the key is open again."""
+    _delete_reply_lost(rig, "forget")
+
+
+@pytest.mark.parametrize("operation", ["release", "forget"])
+def test_delete_cut_before_the_server_is_retried_once(rig: Rig, operation: str) -> None:
+    """The connection drops before release() or forget() reaches the server; redis-py's retry deletes: True."""
+    handle, _ = _to_delete(rig, operation)
     rig.faults.drop_before(handle.claim_key.encode())
-    assert handle.forget() is True
-    assert sent(rig.faults, handle.claim_key, "forget") == 1
+    assert getattr(handle, operation)() is True
+    assert sent(rig.faults, handle.claim_key, operation) == 1
     assert rig.raw.exists(handle.claim_key) == 0
 
 
-def test_forget_cut_without_retries_raises_and_deletes_nothing(rig: Rig) -> None:
-    """With retries off, forget() cut before the server raises; the record is still there, whole."""
-    handle = _completed(rig, "no-retries")
+@pytest.mark.parametrize("operation", ["release", "forget"])
+def test_delete_cut_without_retries_raises_and_deletes_nothing(rig: Rig, operation: str) -> None:
+    """With retries off, release() or forget() cut before the server raises; the record is still there, whole."""
+    handle, kept = _to_delete(rig, operation, "no-retries")
     rig.faults.drop_before(handle.claim_key.encode())
     with pytest.raises(ConnectionFailedError):
-        handle.forget()
-    assert rig.raw.get(handle.claim_key) == record(handle.token, b"stored")
-    assert handle.forget() is True
+        getattr(handle, operation)()
+    assert rig.raw.get(handle.claim_key) == kept
+    assert getattr(handle, operation)() is True
 
 
 # --------------------------------------------------------------------------- the decorator
@@ -790,6 +777,20 @@ def storm(client: Any, namespace: str, ids: list[str], callers: int, *, lease: i
     return result
 
 
+def storm_beside(
+    disturb: Callable[[threading.Event], None], client: Any, namespace: str, ids: list[str], **options: Any
+) -> Storm:
+    """``storm`` with 4 callers while ``disturb`` runs in a thread of its own, until the event it is given is set."""
+    stop = threading.Event()
+    thread = threading.Thread(target=disturb, args=(stop,))
+    thread.start()
+    try:
+        return storm(client, namespace, ids, callers=4, **options)
+    finally:
+        stop.set()
+        thread.join()
+
+
 def storm_runs_key(namespace: str, item: str) -> str:
     """Where the runs of ``item`` are recorded (a set of run ids), outside the namespace."""
     return f"storm-runs:{namespace}:{{{item}}}"
@@ -821,26 +822,20 @@ def test_client_kill_storm_runs_each_of_2000_ids_once(
     server = own_server()
     client = redis.Redis(host=HOST, port=server.port, **client_options("sync", flavour))
     namespace, ids = unique("kill"), [f"id-{n}" for n in range(2000)]
-    stop, kills, killed = threading.Event(), [0], [0]
+    kills, killed = [0], [0]
 
-    def killer() -> None:
+    def killer(stop: threading.Event) -> None:
         admin = server.client()
         while not stop.wait(0.005):
             killed[0] += admin.client_kill_filter(_type="normal", skipme=True)
             kills[0] += 1
         admin.close()
 
-    thread = threading.Thread(target=killer)
-    thread.start()
-    try:
-        # A kill every 5 ms makes every command a gamble: on a loaded machine an owner's
-        # renewals and stores can all miss for two seconds, and past its lease the SDK
-        # says so (ClaimLostError) and another caller may run the work. The lease here
-        # outlasts such a run of misses, so what is tested is lost replies, not lapses.
-        result = storm(client, namespace, ids, callers=4, lease=6)
-    finally:
-        stop.set()
-        thread.join()
+    # A kill every 5 ms makes every command a gamble: on a loaded machine an owner's
+    # renewals and stores can all miss for two seconds, and past its lease the SDK
+    # says so (ClaimLostError) and another caller may run the work. The lease here
+    # outlasts such a run of misses, so what is tested is lost replies, not lapses.
+    result = storm_beside(killer, client, namespace, ids, lease=6)
     raw = server.client()
     runs = check_storm(raw, namespace, result)
     figures(
@@ -877,9 +872,9 @@ def test_script_flush_every_100ms_under_load_runs_each_id_once(
         nodes = request.getfixturevalue("redis_cluster")
         client = redis.cluster.RedisCluster(host=HOST, port=nodes[0].port)
     namespace, ids = unique("flush"), [f"id-{n}" for n in range(1500)]
-    evals_before, stop, flushes = _eval_calls(nodes), threading.Event(), [0]
+    evals_before, flushes = _eval_calls(nodes), [0]
 
-    def flusher() -> None:
+    def flusher(stop: threading.Event) -> None:
         admins = [node.client() for node in nodes]
         while not stop.wait(0.1):
             for admin in admins:
@@ -888,13 +883,7 @@ def test_script_flush_every_100ms_under_load_runs_each_id_once(
         for admin in admins:
             admin.close()
 
-    thread = threading.Thread(target=flusher)
-    thread.start()
-    try:
-        result = storm(client, namespace, ids, callers=4, wait=5)
-    finally:
-        stop.set()
-        thread.join()
+    result = storm_beside(flusher, client, namespace, ids, wait=5)
     runs = check_storm(client, namespace, result)
     figures(
         f"script-flush storm ({topology}): {len(ids)} ids x 4 callers, {result.calls} calls, {runs} runs, "
