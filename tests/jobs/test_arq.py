@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI
-from tests.support.queue_workers import Worker, charges, first_pid, python, wait_until
+from tests.support.queue_workers import Worker, charges, first_pid, mid_run_line, python, ran_once, wait_until, workers
 from tests.support.servers import RedisProcess
 
 if not IN_CI:
@@ -47,21 +47,14 @@ def app(broker: RedisProcess) -> Any:
 @pytest.fixture
 def worker(broker: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start arq workers (two jobs at once each); each is stopped by PID afterwards."""
-    started: list[Worker] = []
+    with workers(broker.port, LEASE, tmp_path) as started:
 
-    def start(name: str = "w1") -> Worker:
-        made = Worker(
-            python("-m", "arq", "tests.support.apps.jobs.arq_app.WorkerSettings"),
-            {"GC_JOBS_REDIS_URL": f"redis://127.0.0.1:{broker.port}/0", "GC_JOBS_LEASE": str(LEASE)},
-            tmp_path / f"{name}.log",
-        )
-        started.append(made)
-        made.wait_for_log("Starting worker")
-        return made
+        def start(name: str = "w1") -> Worker:
+            return started.start(
+                python("-m", "arq", "tests.support.apps.jobs.arq_app.WorkerSettings"), name, "Starting worker"
+            )
 
-    yield start
-    for made in started:
-        made.stop()
+        yield start
 
 
 def _run_jobs(
@@ -151,17 +144,12 @@ def test_a_duplicate_is_answered_when_the_first_completes(
 
     results, (first, duplicate), answered_in = asyncio.run(go())
     assert results == [{"event_id": "quick", "amount": 5, "charge_number": 1}] * 2
-    assert charges(data, "quick") == 1
-    assert data.llen("pids:quick") == 1  # only the first copy ran the function
-    returned = float(data.lindex("returned:quick", 0))
+    returned = ran_once(data, "quick")
     assert duplicate.start_time.timestamp() < returned  # delivered while the first ran: it waited
     assert duplicate.job_try == 1  # never deferred
     gap = duplicate.finish_time.timestamp() - returned
     own = first.finish_time.timestamp() - returned
-    figures(
-        f"arq: a duplicate delivered mid-run finished {gap * 1000:.0f} ms after the first copy's function returned "
-        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
-    )
+    figures(mid_run_line("arq", gap, own, answered_in))
     assert answered_in < 10
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import IN_CI
 from tests.support.apps.jobs.common import marked
-from tests.support.queue_workers import Worker, charges, first_pid, python, wait_until
+from tests.support.queue_workers import Worker, charges, first_pid, mid_run_line, python, ran_once, wait_until, workers
 from tests.support.servers import RedisProcess
 
 if not IN_CI:
@@ -49,29 +49,17 @@ def app(broker: RedisProcess) -> Any:
 @pytest.fixture
 def worker(broker: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start celery workers (prefork) on the broker; each is stopped by PID afterwards."""
-    started: list[Worker] = []
+    with workers(broker.port, LEASE, tmp_path) as started:
 
-    def start(concurrency: int = 2, visibility: int = 3600, name: str = "w1") -> Worker:
-        made = Worker(
-            python(
+        def start(concurrency: int = 2, visibility: int = 3600, name: str = "w1") -> Worker:
+            argv = python(
                 "-m", "celery", "-A", "tests.support.apps.jobs.celery_app", "worker",
                 "-P", "prefork", "-c", str(concurrency),
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO", "-n", f"{name}@%h",
-            ),
-            {
-                "GC_JOBS_REDIS_URL": f"redis://127.0.0.1:{broker.port}/0",
-                "GC_JOBS_LEASE": str(LEASE),
-                "GC_JOBS_VISIBILITY": str(visibility),
-            },
-            tmp_path / f"{name}.log",
-        )  # fmt: skip
-        started.append(made)
-        made.wait_for_log("ready.")
-        return made
+            )  # fmt: skip
+            return started.start(argv, name, "ready.", GC_JOBS_VISIBILITY=str(visibility))
 
-    yield start
-    for made in started:
-        made.stop()
+        yield start
 
 
 class States:
@@ -177,16 +165,11 @@ def test_a_duplicate_is_answered_when_the_first_completes(
     # The retry after the lease left would bring it back about 30 s later.
     assert duplicate.get(timeout=15) == first.get(timeout=15) == answer
     answered_in = time.monotonic() - sent
-    assert charges(data, "quick") == 1
-    assert data.llen("pids:quick") == 1  # only the first copy ran the function
-    returned = float(data.lindex("returned:quick", 0))
+    returned = ran_once(data, "quick")
     assert marked(data, "started", duplicate.id) < returned  # delivered while the first ran: it waited
     gap = marked(data, "finished", duplicate.id) - returned
     own = marked(data, "finished", first.id) - returned
-    figures(
-        f"celery: a duplicate delivered mid-run finished {gap * 1000:.0f} ms after the first copy's function returned "
-        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
-    )
+    figures(mid_run_line("celery", gap, own, answered_in))
     assert answered_in < 10
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import IN_CI
 from tests.support.apps.jobs.common import marked
-from tests.support.queue_workers import Worker, charges, first_pid, python, wait_until
+from tests.support.queue_workers import Worker, charges, first_pid, mid_run_line, python, ran_once, wait_until, workers
 from tests.support.servers import RedisProcess
 
 if not IN_CI:
@@ -43,23 +43,15 @@ def app(broker: RedisProcess) -> Iterator[Any]:
 @pytest.fixture
 def worker(broker: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start dramatiq workers (one process, two threads each); each is stopped by PID afterwards."""
-    started: list[Worker] = []
+    with workers(broker.port, LEASE, tmp_path) as started:
 
-    def start(name: str = "w1", threads: int = 2) -> Worker:
-        made = Worker(
-            python(
+        def start(name: str = "w1", threads: int = 2) -> Worker:
+            argv = python(
                 "-m", "dramatiq", "tests.support.apps.jobs.dramatiq_app", "--processes", "1", "--threads", str(threads)
-            ),
-            {"GC_JOBS_REDIS_URL": f"redis://127.0.0.1:{broker.port}/0", "GC_JOBS_LEASE": str(LEASE)},
-            tmp_path / f"{name}.log",
-        )
-        started.append(made)
-        made.wait_for_log("is ready for action")
-        return made
+            )
+            return started.start(argv, name, "is ready for action")
 
-    yield start
-    for made in started:
-        made.stop()
+        yield start
 
 
 def _result(app: Any, message: Any, timeout: float = 40) -> Any:
@@ -119,17 +111,11 @@ def test_a_duplicate_is_answered_when_the_first_completes(
     # The retry after the lease left would bring it back about 30 s later.
     assert _result(app, duplicate, timeout=15) == _result(app, first, timeout=15) == answer
     answered_in = time.monotonic() - sent
-    assert charges(data, "quick") == 1
-    assert data.llen("pids:quick") == 1  # only the first copy ran the function
-    returned = float(data.lindex("returned:quick", 0))
+    returned = ran_once(data, "quick")
     assert marked(data, "started", duplicate.message_id) < returned  # delivered while the first ran: it waited
     gap = marked(data, "finished", duplicate.message_id) - returned
     own = marked(data, "finished", first.message_id) - returned
-    figures(
-        f"dramatiq: a duplicate delivered mid-run finished {gap * 1000:.0f} ms after the first copy's function "
-        f"returned (the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; "
-        "lease 30 s)"
-    )
+    figures(mid_run_line("dramatiq", gap, own, answered_in))
     assert answered_in < 10
     assert "Retrying message" not in running.text()  # answered in its thread, never sent back
 

@@ -9,8 +9,10 @@ under real workers in tests/jobs/test_celery.py, test_rq.py, test_dramatiq.py an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -84,15 +86,25 @@ def test_a_duplicate_job_is_answered_when_the_first_completes(redis_standalone: 
         client.close()
 
 
-def test_a_duplicate_job_stops_waiting_at_the_holders_lease_left(redis_standalone: RedisProcess) -> None:
-    """A live holder renewing a 2 s lease: the duplicate gives up near the lease left, not after wait=10."""
+@contextlib.contextmanager
+def _held_elsewhere(redis_standalone: RedisProcess, event_id: str, lease: int) -> Iterator[tuple[Any, str, Claim]]:
+    """A client, a fresh namespace, and ``event_id`` claimed in it by another holder; released, then closed."""
     client = redis_standalone.client()
     namespace = unique("jobs")
-    job = Job()
-    charge = job_function(job, client, "event_id", {"lease": 30, "wait": 10}, namespace=namespace)
-    holder = Claim(client, "e2", namespace=namespace, lease=2)
+    holder = Claim(client, event_id, namespace=namespace, lease=lease)
     assert holder.acquire().kind == "claimed"
     try:
+        yield client, namespace, holder
+    finally:
+        holder.release()
+        client.close()
+
+
+def test_a_duplicate_job_stops_waiting_at_the_holders_lease_left(redis_standalone: RedisProcess) -> None:
+    """A live holder renewing a 2 s lease: the duplicate gives up near the lease left, not after wait=10."""
+    job = Job()
+    with _held_elsewhere(redis_standalone, "e2", lease=2) as (client, namespace, holder):
+        charge = job_function(job, client, "event_id", {"lease": 30, "wait": 10}, namespace=namespace)
         with holder.keep_alive():  # long work elsewhere, its lease renewed
             started = time.monotonic()
             with pytest.raises(StillInFlightError) as caught:
@@ -101,9 +113,6 @@ def test_a_duplicate_job_stops_waiting_at_the_holders_lease_left(redis_standalon
         assert 1.0 < waited < 6  # about the 2 s lease left: well short of wait=10
         assert caught.value.retry_after is not None  # what the door's retry is timed by
         assert job.runs == 0
-    finally:
-        holder.release()
-        client.close()
 
 
 def test_a_duplicate_job_takes_over_a_crashed_holder_as_its_lease_lapses(redis_standalone: RedisProcess) -> None:
@@ -125,13 +134,9 @@ def test_a_duplicate_job_takes_over_a_crashed_holder_as_its_lease_lapses(redis_s
 
 def test_wait_zero_answers_in_flight_at_once(redis_standalone: RedisProcess) -> None:
     """wait=0: a duplicate of running work raises StillInFlightError at once, with the lease left."""
-    client = redis_standalone.client()
-    namespace = unique("jobs")
     job = Job()
-    charge = job_function(job, client, "event_id", {"lease": 30, "wait": 0}, namespace=namespace)
-    holder = Claim(client, "e4", namespace=namespace, lease=30)
-    assert holder.acquire().kind == "claimed"
-    try:
+    with _held_elsewhere(redis_standalone, "e4", lease=30) as (client, namespace, _):
+        charge = job_function(job, client, "event_id", {"lease": 30, "wait": 0}, namespace=namespace)
         started = time.monotonic()
         with pytest.raises(StillInFlightError) as caught:
             charge("e4")
@@ -139,9 +144,6 @@ def test_wait_zero_answers_in_flight_at_once(redis_standalone: RedisProcess) -> 
         assert caught.value.retry_after is not None
         assert 0 < caught.value.retry_after <= 30
         assert job.runs == 0
-    finally:
-        holder.release()
-        client.close()
 
 
 def test_an_async_duplicate_job_is_answered_when_the_first_completes(redis_standalone: RedisProcess) -> None:

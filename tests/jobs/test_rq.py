@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI
-from tests.support.queue_workers import Worker, charges, first_pid, python, wait_until
+from tests.support.queue_workers import Worker, charges, first_pid, mid_run_line, python, ran_once, wait_until, workers
 from tests.support.servers import RedisProcess
 
 if not IN_CI:
@@ -41,24 +41,16 @@ def queue(data: redis.Redis) -> Queue:
 @pytest.fixture
 def worker(broker: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start rq workers (with the scheduler, for scheduled retries); each is stopped by PID afterwards."""
-    started: list[Worker] = []
+    with workers(broker.port, LEASE, tmp_path) as started:
 
-    def start(name: str = "w1") -> Worker:
-        made = Worker(
-            python(
+        def start(name: str = "w1") -> Worker:
+            argv = python(
                 "-m", "rq.cli", "worker", "--url", f"redis://127.0.0.1:{broker.port}/0", "--with-scheduler",
                 "--serializer", "rq.serializers.JSONSerializer", "--name", f"{name}-{broker.port}", "default",
-            ),
-            {"GC_JOBS_REDIS_URL": f"redis://127.0.0.1:{broker.port}/0", "GC_JOBS_LEASE": str(LEASE)},
-            tmp_path / f"{name}.log",
-        )  # fmt: skip
-        started.append(made)
-        made.wait_for_log("Listening on")
-        return made
+            )  # fmt: skip
+            return started.start(argv, name, "Listening on")
 
-    yield start
-    for made in started:
-        made.stop()
+        yield start
 
 
 def _enqueue(queue: Queue, event_id: str, amount: int, retry: Retry | None = None) -> Job:
@@ -140,18 +132,13 @@ def test_a_duplicate_is_answered_when_the_first_completes(
     # The retry after the lease left would bring it back about 30 s later.
     assert _finish(duplicate, timeout=15) == _finish(first, timeout=15) == answer
     answered_in = time.monotonic() - sent
-    assert charges(data, "quick") == 1
-    assert data.llen("pids:quick") == 1  # only the first copy ran the function
-    returned = float(data.lindex("returned:quick", 0))
+    returned = ran_once(data, "quick")
     duplicate.refresh()
     first.refresh()
     assert _at(duplicate.started_at) < returned  # delivered while the first ran: it waited
     gap = _at(duplicate.ended_at) - returned
     own = _at(first.ended_at) - returned
-    figures(
-        f"rq: a duplicate delivered mid-run ended {gap * 1000:.0f} ms after the first copy's function returned "
-        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
-    )
+    figures(mid_run_line("rq", gap, own, answered_in, ended="ended"))
     assert answered_in < 10
     assert duplicate.retries_left is None  # no retry was borrowed: it never left the worker
 

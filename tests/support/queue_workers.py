@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,31 @@ class Worker:
         self._out.close()
 
 
+class Workers:
+    """The workers one test starts, each with the job apps' environment, all stopped by PID at its end."""
+
+    def __init__(self, broker_port: int, lease: int, logs: Path) -> None:
+        self.env = {"GC_JOBS_REDIS_URL": f"redis://127.0.0.1:{broker_port}/0", "GC_JOBS_LEASE": str(lease)}
+        self.logs = logs
+        self.started: list[Worker] = []
+
+    def start(self, argv: Sequence[str], name: str, ready: str, **env: str) -> Worker:
+        """Start ``argv`` (logging to ``name``.log, with ``env`` added) and wait until it logs ``ready``."""
+        made = Worker(argv, {**self.env, **env}, self.logs / f"{name}.log")
+        self.started.append(made)
+        made.wait_for_log(ready)
+        return made
+
+
+@contextlib.contextmanager
+def workers(broker_port: int, lease: int, logs: Path) -> Iterator[Workers]:
+    """``Workers`` for a test's fixture: what it started is stopped when the fixture ends."""
+    started = Workers(broker_port, lease, logs)
+    yield started
+    for made in started.started:
+        made.stop()
+
+
 def python(*args: str) -> list[str]:
     """A command line running this interpreter."""
     return [sys.executable, *args]
@@ -88,3 +113,18 @@ def first_pid(client: redis.Redis, event_id: str) -> int:
 def charges(client: redis.Redis, event_id: str) -> int:
     """How many times the side effect ran."""
     return int(client.get(f"charges:{event_id}") or 0)
+
+
+def ran_once(client: redis.Redis, event_id: str) -> float:
+    """Assert a job and its duplicate charged once, the first copy alone running the function; when it returned."""
+    assert charges(client, event_id) == 1
+    assert client.llen(f"pids:{event_id}") == 1  # only the first copy ran the function
+    return float(client.lindex(f"returned:{event_id}", 0))  # type: ignore[arg-type]
+
+
+def mid_run_line(queue: str, gap: float, own: float, answered_in: float, ended: str = "finished") -> str:
+    """The figure of a duplicate delivered mid-run: seconds after the first copy's function returned."""
+    return (
+        f"{queue}: a duplicate delivered mid-run {ended} {gap * 1000:.0f} ms after the first copy's function returned "
+        f"(the first copy itself {own * 1000:.0f} ms; answered {answered_in:.2f} s after it was sent; lease 30 s)"
+    )
