@@ -42,10 +42,13 @@ def test_every_figure_the_readme_quotes_is_a_row_of_benchmark_output() -> None:
 
 
 def test_each_stored_output_says_how_to_regenerate_it_and_a_page_includes_it() -> None:
-    """Every file of figures names the command that made it, and some page includes it."""
+    """Each file of figures names the command that made it (a comment, or its first line); a page includes it."""
     pages = "\n".join(path.read_text("utf-8") for path in (ROOT / "docs").rglob("*.md") if FIGURES not in path.parents)
-    for path in FIGURES.glob("*.md"):
+    for path in [*FIGURES.glob("*.md"), *FIGURES.glob("*.txt")]:
         first = path.read_text("utf-8").splitlines()[0]
-        assert first.startswith("<!-- Output of "), path
-        assert "regenerate with: python benchmarks/" in first, path
+        if path.suffix == ".md":
+            assert first.startswith("<!-- Output of "), path
+            assert "regenerate with: python benchmarks/" in first, path
+        else:  # a console transcript: the command, then what it printed
+            assert first.startswith("$ python benchmarks/"), path
         assert f'--8<-- "docs/figures/{path.name}"' in pages, path
