@@ -14,6 +14,7 @@ is replayed by the ASGI one over the same Redis, and the reverse.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -362,56 +363,90 @@ class Options:
         return status >= 500 or status in self.release_statuses
 
 
-def make_options(
-    *,
-    required: bool = False,
-    methods: Iterable[str] = ("POST", "PATCH"),
-    header: str = "Idempotency-Key",
-    lease: int = LEASE,
-    ttl: int = TTL,
-    wait: float = 0.0,
-    scope: Callable[[Any], object] | None = None,
-    shared_scope: bool = False,
-    max_body_bytes: int = 1024 * 1024,
-    max_response_bytes: int = 1024 * 1024,
-    replay_headers: Iterable[str] | None = None,
-    never_replayed: Iterable[str] = DEFAULT_NEVER_REPLAYED,
-    release_statuses: Iterable[int] = DEFAULT_RELEASE_STATUSES,
-    stream_types: Iterable[str] = DEFAULT_STREAM_TYPES,
-    problem_docs: str | None = None,
-    fingerprint: str | Callable[[Any], object] = "auto",
-    namespace: str = "goblin-http",
-    routes: Mapping[str, KeyRule] | Callable[[Any], KeyRule | None] | None = None,
-) -> Options:
-    """Validate the doors' options (every bad one raises a ``GoblinClaimError`` subclass)."""
-    if type(required) is not bool:
-        raise InvalidArgumentTypeError(f"required must be True or False, not {describe(required)}")
-    if type(shared_scope) is not bool:
-        raise InvalidArgumentTypeError(f"shared_scope must be True or False, not {describe(shared_scope)}")
-    if type(header) is not str or not header or not header.isascii() or not header.replace("-", "").isalnum():
-        raise InvalidArgumentError(f"header must be a header name such as 'Idempotency-Key', not {describe(header)}")
-    if scope is not None and not callable(scope):
-        raise InvalidArgumentTypeError(f"scope must be a function of the request or None, not {describe(scope)}")
-    return Options(
-        required=required,
-        methods=_check_methods(methods),
-        header=header,
-        lease=check_seconds("lease", lease),
-        ttl=check_seconds("ttl", ttl),
-        wait=check_timeout("wait", wait),
-        scope=scope,
-        shared_scope=shared_scope,
-        max_body_bytes=_check_bytes("max_body_bytes", max_body_bytes),
-        max_response_bytes=_check_bytes("max_response_bytes", max_response_bytes),
-        replay_headers=None if replay_headers is None else _check_replay_headers(replay_headers),
-        never_replayed=NEVER_REPLAYED | frozenset(_check_header_names("never_replayed", never_replayed)),
-        release_statuses=_check_statuses(release_statuses),
-        stream_types=_check_stream_types(stream_types),
-        problem_docs=_check_docs(problem_docs),
-        fingerprint=_check_fingerprint(fingerprint),
-        namespace=check_namespace(namespace),
-        routes=_check_routes(routes),
-    )
+@dataclass(frozen=True)
+class DoorOptions:
+    """Every door's options as given, each with its default: declared here once for every door.
+
+    The ASGI middleware's keyword arguments take their defaults from ``DEFAULTS``
+    (and a test holds its signature to these fields); the WSGI middleware, Flask's
+    ``Idempotency`` and Django's settings dict are read into this class by name.
+    ``checked()`` validates them into ``Options``.
+    """
+
+    required: bool = False
+    methods: Iterable[str] = ("POST", "PATCH")
+    header: str = "Idempotency-Key"
+    lease: int = LEASE
+    ttl: int = TTL
+    wait: float = 0.0
+    # Functions of the request, whatever each door's request is (Any: a door's narrower annotation takes these).
+    scope: Callable[[Any], Any] | None = None
+    shared_scope: bool = False
+    max_body_bytes: int = 1024 * 1024
+    max_response_bytes: int = 1024 * 1024
+    replay_headers: Iterable[str] | None = None
+    never_replayed: Iterable[str] = DEFAULT_NEVER_REPLAYED
+    release_statuses: Iterable[int] = DEFAULT_RELEASE_STATUSES
+    stream_types: Iterable[str] = DEFAULT_STREAM_TYPES
+    problem_docs: str | None = None
+    fingerprint: str | Callable[[Any], Any] = "auto"
+    namespace: str = "goblin-http"
+    routes: Mapping[str, KeyRule] | Callable[[Any], Any] | None = None
+
+    def over(self, given: Mapping[str, Any]) -> DoorOptions:
+        """These options with ``given`` (by name) over them; an unknown name raises ``InvalidArgumentTypeError``."""
+        unknown = sorted(set(given) - set(DOOR_OPTIONS))
+        if unknown:
+            raise InvalidArgumentTypeError(
+                f"unknown option {unknown[0]!r}: the HTTP doors' options are {', '.join(DOOR_OPTIONS)}"
+            )
+        return dataclasses.replace(self, **given)
+
+    def checked(self) -> Options:
+        """Validate the options (every bad one raises a ``GoblinClaimError`` subclass)."""
+        for name in ("required", "shared_scope"):
+            if type(getattr(self, name)) is not bool:
+                raise InvalidArgumentTypeError(f"{name} must be True or False, not {describe(getattr(self, name))}")
+        header = self.header
+        if type(header) is not str or not header or not header.isascii() or not header.replace("-", "").isalnum():
+            raise InvalidArgumentError(
+                f"header must be a header name such as 'Idempotency-Key', not {describe(header)}"
+            )
+        if self.scope is not None and not callable(self.scope):
+            raise InvalidArgumentTypeError(
+                f"scope must be a function of the request or None, not {describe(self.scope)}"
+            )
+        return Options(
+            required=self.required,
+            methods=_check_methods(self.methods),
+            header=header,
+            lease=check_seconds("lease", self.lease),
+            ttl=check_seconds("ttl", self.ttl),
+            wait=check_timeout("wait", self.wait),
+            scope=self.scope,
+            shared_scope=self.shared_scope,
+            max_body_bytes=_check_bytes("max_body_bytes", self.max_body_bytes),
+            max_response_bytes=_check_bytes("max_response_bytes", self.max_response_bytes),
+            replay_headers=None if self.replay_headers is None else _check_replay_headers(self.replay_headers),
+            never_replayed=NEVER_REPLAYED | frozenset(_check_header_names("never_replayed", self.never_replayed)),
+            release_statuses=_check_statuses(self.release_statuses),
+            stream_types=_check_stream_types(self.stream_types),
+            problem_docs=_check_docs(self.problem_docs),
+            fingerprint=_check_fingerprint(self.fingerprint),
+            namespace=check_namespace(self.namespace),
+            routes=_check_routes(self.routes),
+        )
+
+
+DEFAULTS: Final = DoorOptions()
+"""Every door option's default."""
+DOOR_OPTIONS: Final = tuple(field.name for field in dataclasses.fields(DoorOptions))
+"""The names of the doors' options, in order."""
+
+
+def make_options(**given: Any) -> Options:
+    """Validate the doors' options, given by name over their defaults (every bad one raises a ``GoblinClaimError``)."""
+    return DEFAULTS.over(given).checked()
 
 
 def _check_methods(methods: object) -> frozenset[str]:

@@ -56,7 +56,6 @@ from typing import Any, Final, Literal
 
 from . import _events, _http
 from ._clients.transport import to_the_end_async
-from ._defaults import LEASE, TTL
 from ._drivers.aio import AsyncClaim
 from ._drivers.http_aio import AsyncDoor, _digest, abandon, give_back, mark, open_claim, store
 from ._http import (
@@ -64,6 +63,7 @@ from ._http import (
     DEFAULT_RELEASE_STATUSES,
     DEFAULT_REPLAY_HEADERS,
     DEFAULT_STREAM_TYPES,
+    DEFAULTS,
     UNSTORED_HEADER,
     AbandonedRequest,
     Answer,
@@ -198,33 +198,34 @@ class IdempotencyMiddleware:
         app: ASGIApp,
         *,
         client: Any,
-        required: bool = False,
-        methods: Iterable[str] = ("POST", "PATCH"),
-        header: str = "Idempotency-Key",
-        lease: int = LEASE,
-        ttl: int = TTL,
-        wait: float = 0.0,
-        scope: Callable[[Scope], str | int | uuid.UUID | None] | None = None,
-        shared_scope: bool = False,
-        max_body_bytes: int = 1024 * 1024,
-        max_response_bytes: int = 1024 * 1024,
-        replay_headers: Iterable[str] | None = None,
-        never_replayed: Iterable[str] = DEFAULT_NEVER_REPLAYED,
-        release_statuses: Iterable[int] = DEFAULT_RELEASE_STATUSES,
-        stream_types: Iterable[str] = DEFAULT_STREAM_TYPES,
-        problem_docs: str | None = None,
-        fingerprint: str | Callable[[Scope], str | bytes] = "auto",
-        namespace: str = "goblin-http",
-        routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = None,
+        required: bool = DEFAULTS.required,
+        methods: Iterable[str] = DEFAULTS.methods,
+        header: str = DEFAULTS.header,
+        lease: int = DEFAULTS.lease,
+        ttl: int = DEFAULTS.ttl,
+        wait: float = DEFAULTS.wait,
+        scope: Callable[[Scope], str | int | uuid.UUID | None] | None = DEFAULTS.scope,
+        shared_scope: bool = DEFAULTS.shared_scope,
+        max_body_bytes: int = DEFAULTS.max_body_bytes,
+        max_response_bytes: int = DEFAULTS.max_response_bytes,
+        replay_headers: Iterable[str] | None = DEFAULTS.replay_headers,
+        never_replayed: Iterable[str] = DEFAULTS.never_replayed,
+        release_statuses: Iterable[int] = DEFAULTS.release_statuses,
+        stream_types: Iterable[str] = DEFAULTS.stream_types,
+        problem_docs: str | None = DEFAULTS.problem_docs,
+        fingerprint: str | Callable[[Scope], str | bytes] = DEFAULTS.fingerprint,
+        namespace: str = DEFAULTS.namespace,
+        routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = DEFAULTS.routes,
     ) -> None:
         self.app = app
-        self.options = options = _http.make_options(
+        # The defaults above are DoorOptions' (tests/http/test_door_options.py holds the two together).
+        self.options = options = _http.DoorOptions(
             required=required, methods=methods, header=header, lease=lease, ttl=ttl, wait=wait, scope=scope,
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
             stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
             routes=routes,
-        )  # fmt: skip
+        ).checked()  # fmt: skip
         self._door = AsyncDoor(client, options, "goblin_claim.asgi.IdempotencyMiddleware")
         self.required = options.required
         self.methods = options.methods

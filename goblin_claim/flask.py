@@ -61,8 +61,8 @@ class Idempotency:
     """
 
     def __init__(self, app: Flask | None = None, *, client: Any, **options: Any) -> None:
-        self._given = dict(options)
-        self.defaults = _http.make_options(**options)
+        self._given = _http.DEFAULTS.over(options)
+        self.defaults = self._given.checked()
         self._door = http_sync.SyncDoor(client, self.defaults, "goblin_claim.flask.Idempotency")
         if app is not None:
             self.init_app(app)
@@ -83,7 +83,7 @@ class Idempotency:
             @idempotency.options(required=True, wait=5)
             def refund(): ...
         """
-        chosen = _http.make_options(**{**self._given, **overrides})
+        chosen = self._given.over(overrides).checked()
 
         def decorate(view: View) -> View:
             setattr(view, _OPTIONS, chosen)

@@ -64,7 +64,7 @@ def test_the_wsgi_door_resolves_its_factory_once_under_threads() -> None:
             "CONTENT_LENGTH": "0", "wsgi.input": None,
         }  # fmt: skip
         start.wait()
-        middleware(environ, lambda status, headers, exc_info=None: None)
+        middleware(environ, lambda status, headers, exc_info=None: lambda data: None)
 
     threads = [threading.Thread(target=request, args=(index,)) for index in range(6)]
     for thread in threads:
