@@ -165,3 +165,17 @@ def test_scan_json_is_one_object_a_line_and_nothing_when_nothing_matches(durable
     empty_argv = ["scan", "--namespace", "nothing", "--json", "--url", SHOWN_URL]
     check("scan-json.txt", shown + _command(empty_argv, "", 0) + "$ goblin-claim scan --namespace nothing --json"
           " --url redis://127.0.0.1:6379/0 | wc -l\n0\n")  # fmt: skip
+
+
+def test_doctor_names_what_a_restricted_user_lacks(durable: RedisProcess) -> None:
+    """Doctor, connected as a user granted the exact commands but PTTL, TIME and pub/sub, names what each lacks."""
+    with redis.Redis(host=servers.HOST, port=durable.port) as admin:
+        admin.execute_command(
+            "ACL", "SETUSER", "app", "on", ">secret", "~goblin:*", "+evalsha", "+eval", "+get", "+set", "+del",
+            "+expire", "+ping", "+acl|whoami", "+info", "+config|get", "+command|info", "+script|load",
+        )  # fmt: skip
+    status, output = goblin_claim("doctor", "--url", f"redis://app:secret@{servers.HOST}:{durable.port}/0")
+    assert status == 1, output
+    assert "claim lacks pttl time" in output
+    shown = "redis://app:secret@127.0.0.1:6379/0"
+    check("doctor-acl.txt", _command(["doctor", "--url", shown], normalized(output, durable.port), status))
