@@ -54,6 +54,26 @@ def _utc(moment: datetime.datetime | None) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)).timestamp()
 
 
+def _marked_trial(
+    data: redis.Redis,
+    event: str,
+    send: Callable[[str, int], Any],
+    result: Callable[[Any], Any],
+    job_id: Callable[[Any], str],
+) -> Trial:
+    """One trial on a queue whose instants its app marks (Celery, Dramatiq): ``send`` a charge, then its duplicate."""
+    first = send(event, 5)
+    first_pid(data, event)
+    sent = time.monotonic()
+    duplicate = send(event, 5)
+    assert result(duplicate) == result(first)
+    answered_in = time.monotonic() - sent
+    return Trial(
+        marked(data, "finished", job_id(first)), marked(data, "started", job_id(duplicate)),
+        marked(data, "finished", job_id(duplicate)), answered_in,
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
 def _celery(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Callable[[str], Trial]]:
     app = importlib.import_module("tests.support.apps.jobs.celery_app")
@@ -65,19 +85,10 @@ def _celery(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Call
     try:
         worker.wait_for_log("ready.")
 
-        def trial(event: str) -> Trial:
-            first = app.charge30.delay(event, 5)
-            first_pid(data, event)
-            sent = time.monotonic()
-            duplicate = app.charge30.delay(event, 5)
-            assert duplicate.get(timeout=ANSWER_TIMEOUT) == first.get(timeout=ANSWER_TIMEOUT)
-            answered_in = time.monotonic() - sent
-            return Trial(
-                marked(data, "finished", first.id), marked(data, "started", duplicate.id),
-                marked(data, "finished", duplicate.id), answered_in,
-            )  # fmt: skip
+        def result(message: Any) -> Any:
+            return message.get(timeout=ANSWER_TIMEOUT)
 
-        yield trial
+        yield lambda event: _marked_trial(data, event, app.charge30.delay, result, lambda message: message.id)
     finally:
         worker.stop()
         app.app.close()
@@ -141,19 +152,7 @@ def _dramatiq(env: dict[str, str], logs: Path, data: redis.Redis) -> Iterator[Ca
         def result(message: Any) -> Any:
             return message.get_result(backend=app.backend, block=True, timeout=int(ANSWER_TIMEOUT * 1000))
 
-        def trial(event: str) -> Trial:
-            first = app.charge30.send(event, 5)
-            first_pid(data, event)
-            sent = time.monotonic()
-            duplicate = app.charge30.send(event, 5)
-            assert result(duplicate) == result(first)
-            answered_in = time.monotonic() - sent
-            return Trial(
-                marked(data, "finished", first.message_id), marked(data, "started", duplicate.message_id),
-                marked(data, "finished", duplicate.message_id), answered_in,
-            )  # fmt: skip
-
-        yield trial
+        yield lambda event: _marked_trial(data, event, app.charge30.send, result, lambda message: message.message_id)
     finally:
         worker.stop()
         app.broker.close()

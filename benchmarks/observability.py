@@ -23,7 +23,6 @@ the hook's own cost measured without I/O, printed last.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import statistics
@@ -39,7 +38,7 @@ import redis.asyncio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import goblin_claim.otel
-from benchmarks.overhead import server_url
+from benchmarks.overhead import rounds_and_chunk, server_url, tasks_timed
 from goblin_claim import AsyncClaim, Claim, Completed, _events, idempotent
 from goblin_claim._decorator import sync as _idempotent_sync
 from goblin_claim._decorator.sync import _flow
@@ -144,15 +143,10 @@ def async_sides(client: redis.asyncio.Redis, key: str, chunk: int) -> dict[str, 
         for _ in range(per_task):
             await unwrapped(AsyncClaim(client, key, namespace="bench-obs"))
 
-    def timed(task: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[float]]:
-        async def run() -> float:
-            started = time.perf_counter()
-            await asyncio.gather(*(task() for _ in range(TASKS)))
-            return per_task * TASKS / (time.perf_counter() - started)
-
-        return run
-
-    return {"async_acquire": timed(hooked_task), "async_acquire_bare": timed(bare_task)}
+    return {
+        "async_acquire": tasks_timed(hooked_task, per_task, TASKS),
+        "async_acquire_bare": tasks_timed(bare_task, per_task, TASKS),
+    }
 
 
 def interleave(
@@ -272,10 +266,7 @@ def timeit_once(fn: Callable[[], object], n: int = 200_000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=61)
-    parser.add_argument("--chunk", type=int, default=300)
-    args = parser.parse_args()
+    args = rounds_and_chunk(__doc__, rounds=61, chunk=300)
     assert not _events.enabled, "nothing may be enabled for the off measurements"
     with server_url() as url:
         client = redis.Redis.from_url(url)

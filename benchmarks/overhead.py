@@ -92,15 +92,20 @@ def async_chunks(client: redis.asyncio.Redis, chunk: int) -> dict[str, Callable[
             key = fresh_key()
             await client.evalsha(sha, 2, f"bench:{{{key}}}:claim", f"bench:{{{key}}}:result", "token", LEASE)
 
-    def timed(task: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[float]]:
-        async def run() -> float:
-            started = time.perf_counter()
-            await asyncio.gather(*(task() for _ in range(TASKS)))
-            return per_task * TASKS / (time.perf_counter() - started)
+    return {"sdk": tasks_timed(sdk_task, per_task), "raw": tasks_timed(raw_task, per_task)}
 
-        return run
 
-    return {"sdk": timed(sdk_task), "raw": timed(raw_task)}
+def tasks_timed(
+    task: Callable[[], Awaitable[None]], per_task: int, tasks: int = TASKS
+) -> Callable[[], Awaitable[float]]:
+    """Calls per second of ``tasks`` copies of ``task`` (``per_task`` calls each) run at once."""
+
+    async def run() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(task() for _ in range(tasks)))
+        return per_task * tasks / (time.perf_counter() - started)
+
+    return run
 
 
 def report(title: str, rates: dict[str, list[float]]) -> float:
@@ -148,11 +153,16 @@ async def bench_async(url: str, rounds: int, chunk: int) -> float:
         await client.aclose()
 
 
+def rounds_and_chunk(doc: str, rounds: int = 9, chunk: int = 2000) -> argparse.Namespace:
+    """The command line of a benchmark measured in rounds of ``chunk`` calls a side (``doc``: its docstring)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--chunk", type=int, default=chunk)
+    return parser.parse_args()
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--chunk", type=int, default=2000)
-    args = parser.parse_args()
+    args = rounds_and_chunk(__doc__)
     with server_url() as url:
         print(f"redis-py {redis.__version__}, Python {sys.version.split()[0]}")
         sync_ratio = bench_sync(url, args.rounds, args.chunk)

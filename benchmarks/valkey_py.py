@@ -21,7 +21,6 @@ REDIS_URL, else starts a redis-server on a free port and stops it afterwards.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -37,7 +36,7 @@ import valkey.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.overhead import server_url
+from benchmarks.overhead import rounds_and_chunk, server_url
 from goblin_claim import AsyncClaim, Claim, Claimed
 from goblin_claim._clients.transport import state_of
 
@@ -170,10 +169,7 @@ async def bench_async(url: str, rounds: int, chunk: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--chunk", type=int, default=2000)
-    args = parser.parse_args()
+    args = rounds_and_chunk(__doc__)
     with server_url() as url:
         print(f"redis-py {redis.__version__}, valkey-py {valkey.__version__}, Python {sys.version.split()[0]}")
         sync = bench_sync(url, args.rounds, args.chunk)
