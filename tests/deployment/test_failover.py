@@ -140,6 +140,31 @@ def _errors_answered(server: servers.RedisProcess, code: str) -> int:
     return int(entry["count"]) if isinstance(entry, dict) else 0
 
 
+def _wait_replicated(replica: servers.RedisProcess, key: str) -> None:
+    """Until ``key`` reached ``replica``."""
+    with contextlib.closing(replica.client()) as client:
+        _wait_for(lambda: client.exists(key))
+
+
+def _charged_twice(
+    run: Run, body: Callable[[str], str], namespace: str, key: str, stopped: servers.RedisProcess
+) -> None:
+    """``body`` decorated with replicas=1 answers ``key``'s receipt twice; ``stopped`` is let go on the way out."""
+    charge = run.decorate(body, namespace=namespace, lease=20, wait=5, replicas=1, replica_timeout_ms=15000)
+    try:
+        assert charge(key) == f"receipt {key}"
+        assert charge(key) == f"receipt {key}"
+    finally:
+        stopped.process.send_signal(signal.SIGCONT)
+        run.close()
+
+
+def _assert_receipt_on(server: servers.RedisProcess, run: Run, namespace: str, key: str) -> None:
+    """``server`` holds ``key``'s stored receipt."""
+    with contextlib.closing(server.client()) as client:
+        assert f"receipt {key}".encode() in (stored(client, run.handle(key, namespace)) or b"")
+
+
 # --------------------------------------------------------------------------- classification
 
 
@@ -190,8 +215,7 @@ def test_demoted_mid_work_the_store_follows_the_new_primary(
 
     def body(order: str) -> str:
         runs.append(order)
-        with contextlib.closing(new.client()) as replica:
-            _wait_for(lambda: replica.exists(claim_key))  # the claim reached the replica
+        _wait_replicated(new, claim_key)
         _promote(new, old)
         vip.upstream = (servers.HOST, new.port)  # the failover moves the address
         return f"receipt {order}"
@@ -204,8 +228,7 @@ def test_demoted_mid_work_the_store_follows_the_new_primary(
         run.close()
     assert runs == [key]
     assert _errors_answered(old, "READONLY") >= 1
-    with contextlib.closing(new.client()) as client:
-        assert f"receipt {key}".encode() in (stored(client, run.handle(key, namespace)) or b"")
+    _assert_receipt_on(new, run, namespace, key)
 
 
 def test_demoted_for_good_the_error_carries_the_result(
@@ -224,8 +247,7 @@ def test_demoted_for_good_the_error_carries_the_result(
 
     def body(order: str) -> str:
         runs.append(order)
-        with contextlib.closing(new.client()) as replica:
-            _wait_for(lambda: replica.exists(claim_key))
+        _wait_replicated(new, claim_key)
         _promote(new, old)  # nobody moves the address: the client keeps reaching the old primary
         return f"receipt {order}"
 
@@ -267,18 +289,11 @@ def test_wait_unblocked_by_client_unblock_is_retried(
         threading.Thread(target=unblock, daemon=True).start()
         return f"receipt {order}"
 
-    charge = run.decorate(body, namespace=namespace, lease=20, wait=5, replicas=1, replica_timeout_ms=15000)
-    try:
-        assert charge(key) == f"receipt {key}"
-        assert charge(key) == f"receipt {key}"
-    finally:
-        replica.process.send_signal(signal.SIGCONT)
-        run.close()
+    _charged_twice(run, body, namespace, key, stopped=replica)
     assert runs == [key]
     assert unblocked == [True]
     assert _errors_answered(primary, "UNBLOCKED") == 1
-    with contextlib.closing(replica.client()) as client:
-        assert f"receipt {key}".encode() in (stored(client, run.handle(key, namespace)) or b"")
+    _assert_receipt_on(replica, run, namespace, key)
 
 
 def test_wait_unblocked_by_a_demotion_lands_on_the_new_primary(
@@ -305,24 +320,16 @@ def test_wait_unblocked_by_a_demotion_lands_on_the_new_primary(
 
     def body(order: str) -> str:
         runs.append(order)
-        with contextlib.closing(new.client()) as replica:
-            _wait_for(lambda: replica.exists(claim_key))
+        _wait_replicated(new, claim_key)
         new.process.send_signal(signal.SIGSTOP)  # the store's WAIT blocks on the old primary
         threading.Thread(target=failover, daemon=True).start()
         return f"receipt {order}"
 
-    charge = run.decorate(body, namespace=namespace, lease=20, wait=5, replicas=1, replica_timeout_ms=15000)
-    try:
-        assert charge(key) == f"receipt {key}"
-        assert charge(key) == f"receipt {key}"
-    finally:
-        new.process.send_signal(signal.SIGCONT)
-        run.close()
+    _charged_twice(run, body, namespace, key, stopped=new)
     assert failover_done.is_set()
     assert _errors_answered(old, "UNBLOCKED") == 1
     assert runs == [key]
-    with contextlib.closing(new.client()) as client:
-        assert f"receipt {key}".encode() in (stored(client, run.handle(key, namespace)) or b"")
+    _assert_receipt_on(new, run, namespace, key)
 
 
 # --------------------------------------------------------------------------- a restart that loads
@@ -404,8 +411,7 @@ def test_async_handle_complete_retried_by_the_caller_after_readonly(
         try:
             claim = AsyncClaim(client, unique(), lease=20)
             await claim.acquire()
-            with contextlib.closing(new.client()) as replica:
-                _wait_for(lambda: replica.exists(claim.claim_key))
+            _wait_replicated(new, claim.claim_key)
             _promote(new, old)
             with pytest.raises(ServerUnavailableError):
                 await claim.complete(b"v")
@@ -458,8 +464,7 @@ def test_keep_alive_follows_a_demotion_to_the_new_primary(
     runs = []
 
     def fail_over() -> None:
-        with contextlib.closing(new.client()) as replica:
-            _wait_for(lambda: replica.exists(claim_key))  # the claim reached the replica
+        _wait_replicated(new, claim_key)
         _promote(new, old)
         vip.upstream = (servers.HOST, new.port)  # the failover moves the address
 

@@ -71,18 +71,28 @@ def _thaw(pair: tuple[servers.RedisProcess, servers.RedisProcess]) -> None:
     pair[1].process.send_signal(signal.SIGCONT)
 
 
-def test_completed_read_back_is_not_reported_replicated_while_the_replica_lags(
-    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
-) -> None:
-    """A result stored on the primary alone, read back under replicas=1, raises NotReplicatedError, not Completed."""
-    key = unique()
+def _stored_on_the_primary_alone(client: redis.Redis, key: str, frozen: Any) -> Claim:
+    """``key`` claimed, then completed with the replica frozen: NotReplicatedError, stored on the primary only.
+
+    The pool's connections are dropped after it: what is sent next goes on a fresh
+    connection, as after a failover.
+    """
     owner = Claim(client, key, replicas=1, replica_timeout_ms=5000)
     assert isinstance(owner.acquire(), Claimed)
     frozen()
     owner._replica_timeout_ms = TIMEOUT_MS  # from here every WAIT runs out
     with pytest.raises(NotReplicatedError):
         owner.complete(b"charged")  # on the primary only
-    client.connection_pool.disconnect()  # the retry comes on a fresh connection, as after a failover
+    client.connection_pool.disconnect()
+    return owner
+
+
+def test_completed_read_back_is_not_reported_replicated_while_the_replica_lags(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
+) -> None:
+    """A result stored on the primary alone, read back under replicas=1, raises NotReplicatedError, not Completed."""
+    key = unique()
+    owner = _stored_on_the_primary_alone(client, key, frozen)
     duplicate = Claim(client, key, replicas=1, replica_timeout_ms=TIMEOUT_MS)
     with pytest.raises(NotReplicatedError) as caught:
         duplicate.acquire()
@@ -123,14 +133,7 @@ def test_resent_complete_on_a_fresh_connection_waits_again(
     pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
 ) -> None:
     """complete() sent again after NotReplicatedError, on a new connection, still reports the lagging replica."""
-    key = unique()
-    owner = Claim(client, key, replicas=1, replica_timeout_ms=5000)
-    assert isinstance(owner.acquire(), Claimed)
-    frozen()
-    owner._replica_timeout_ms = TIMEOUT_MS  # from here every WAIT runs out
-    with pytest.raises(NotReplicatedError):
-        owner.complete(b"charged")
-    client.connection_pool.disconnect()
+    owner = _stored_on_the_primary_alone(client, unique(), frozen)
     with pytest.raises(NotReplicatedError):
         owner.complete(b"charged")  # safe to send twice, and waits again
     _thaw(pair)
