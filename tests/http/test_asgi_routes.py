@@ -32,7 +32,7 @@ from goblin_claim import _http
 from goblin_claim.asgi import IdempotencyMiddleware, Message, Receive, Scope, Send, idempotency_key
 from tests.conftest import IN_CI, unique
 from tests.support import servers
-from tests.support.asgi_server import serve
+from tests.support.asgi_server import serve_client
 
 for _needed in ("starlette", "fastapi", "litestar"):
     if IN_CI:  # with CI set, a missing framework fails the tests instead of skipping them
@@ -266,7 +266,7 @@ def service(redis_standalone: servers.RedisProcess) -> Service:
 @contextlib.contextmanager
 def running(framework: str, service: Service, **options: Any) -> Iterator[httpx.Client]:
     """Serve the service's app on ``framework`` with uvicorn; yield an HTTP client for it."""
-    with serve(APPS[framework](service, **options)) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve_client(APPS[framework](service, **options)) as http:
         yield http
 
 
@@ -332,7 +332,7 @@ def test_a_mark_is_found_when_the_door_wraps_the_app_from_outside(service: Servi
     inner = starlette_app(service)
     inner.user_middleware.clear()  # this test wraps it from outside instead
     app = IdempotencyMiddleware(inner, **service.door(required=True))
-    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve_client(app) as http:
         hook = http.post("/webhook", json=BODY)
         refused = http.post("/orders", json=BODY)
     assert hook.status_code == 201
@@ -372,7 +372,7 @@ def test_litestar_scope_reads_the_user_its_auth_middleware_set(service: Service)
     """Litestar, auth listed first: one key runs once per user; an unknown caller is 403 and never runs."""
     app = litestar_app(service, auth=True, scope=lambda scope: scope["user"])
     headers = key()
-    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve_client(app) as http:
         alice = [http.post("/orders", json=BODY, headers={**headers, "x-user": "alice"}) for _ in range(2)]
         bob = http.post("/orders", json=BODY, headers={**headers, "x-user": "bob"})
         nobody = http.post("/orders", json=BODY, headers=headers)
@@ -436,7 +436,7 @@ def serving_fastapi_sample(
     sample = run_sample(code, "readme_fastapi", monkeypatch)
     app = sample["app"]
     (door,) = [m for m in app.user_middleware if m.cls is IdempotencyMiddleware]
-    with serve(closing(app, door.kwargs["client"])) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve_client(closing(app, door.kwargs["client"])) as http:
         yield http, sample
 
 
@@ -499,7 +499,7 @@ def test_the_readme_litestar_sample(redis_standalone: servers.RedisProcess, monk
     sample = run_sample(readme_sample("Litestar (the door's"), "readme_litestar", monkeypatch)
     headers = key()
     item = {"item": "tea"}
-    with serve(closing(sample["app"], sample["client"])) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve_client(closing(sample["app"], sample["client"])) as http:
         keyless = http.post("/orders", json=item)
         orders = [http.post("/orders", json=item, headers=headers) for _ in range(2)]
         hooks = [http.post("/webhook", json=item, headers=h) for h in ({}, headers, headers)]

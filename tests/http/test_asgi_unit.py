@@ -14,7 +14,7 @@ import logging
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +177,13 @@ def run(scenario: Callable[[Any], Coroutine[Any, Any, None]], native: bool = Fal
 def wrap(app: Any, client: Any, **options: Any) -> IdempotencyMiddleware:
     """``app`` behind the middleware, in the test namespace."""
     return IdempotencyMiddleware(app, client=client, namespace=NS, **options)
+
+
+async def twice(app: Any, client: Any, body: bytes = b"{}", **options: Any) -> tuple[Reply, Reply]:
+    """``app`` behind the middleware: what a first request and its duplicate (same key and body) each got."""
+    middleware = wrap(app, client, **options)
+    first = await call(middleware, http_scope(), body)
+    return first, await call(middleware, http_scope(), body)
 
 
 async def the_record(client: Any) -> tuple[bytes, bytes, bytes]:
@@ -434,14 +441,6 @@ def test_a_scope_function_finding_no_owner_fails_closed_without_running_the_app(
         assert app.runs == 1  # one shared space: the second is a replay
 
     run(scenario)
-
-
-@pytest.fixture
-def fresh_log() -> Iterator[None]:
-    """No failing scope or routes function logged yet: the log is once per process and cause."""
-    _http._logged.clear()
-    yield
-    _http._logged.clear()
 
 
 @pytest.mark.usefixtures("fresh_log")
@@ -753,9 +752,7 @@ def test_headers_the_app_set_are_replayed_but_not_the_exchanges_own(native: bool
 
     async def scenario(client: Any) -> None:
         app = App(headers=headers)
-        middleware = wrap(app, client)
-        await call(middleware, http_scope(), b"{}")
-        again = await call(middleware, http_scope(), b"{}")
+        _, again = await twice(app, client)
         assert again.header(b"x-order-id") == b"ord_1"
         for name in (b"set-cookie", b"date", b"server", b"traceparent"):
             assert again.header(name) is None, name
@@ -800,9 +797,7 @@ def test_replay_is_byte_for_byte_with_allow_listed_headers_in_order(native: bool
 
     async def scenario(client: Any) -> None:
         app = App(status=202, headers=headers, chunks=[bytes(range(256)), b"\x00tail"])
-        middleware = wrap(app, client, replay_headers=(*DEFAULT_REPLAY_HEADERS, "X-Order-Id"))
-        first = await call(middleware, http_scope(), b"\xff\xfe")
-        again = await call(middleware, http_scope(), b"\xff\xfe")
+        first, again = await twice(app, client, b"\xff\xfe", replay_headers=(*DEFAULT_REPLAY_HEADERS, "X-Order-Id"))
         assert first.status == again.status == 202
         assert again.body == first.body == bytes(range(256)) + b"\x00tail"
         assert again.headers == [
@@ -860,9 +855,7 @@ def test_client_errors_and_redirects_are_stored(status: int) -> None:
 
     async def scenario(client: Any) -> None:
         app = App(status=status)
-        middleware = wrap(app, client)
-        await call(middleware, http_scope(), b"{}")
-        again = await call(middleware, http_scope(), b"{}")
+        _, again = await twice(app, client)
         assert again.status == status
         assert again.header(b"idempotent-replayed") == b"true"
         assert app.runs == 1
@@ -876,9 +869,7 @@ def test_routing_and_auth_answers_are_not_kept_by_default(status: int) -> None:
 
     async def scenario(client: Any) -> None:
         app = App(status=status)
-        middleware = wrap(app, client)
-        first = await call(middleware, http_scope(), b"{}")
-        again = await call(middleware, http_scope(), b"{}")
+        first, again = await twice(app, client)
         assert first.status == again.status == status
         assert again.header(b"idempotent-replayed") is None
         assert app.runs == 2

@@ -31,7 +31,7 @@ from starlette.routing import Route
 from goblin_claim.asgi import IdempotencyMiddleware
 from tests.conftest import unique
 from tests.support import servers
-from tests.support.asgi_server import serve
+from tests.support.asgi_server import serve_client
 
 FRAMEWORKS = ("starlette", "fastapi")
 BODY = {"items": ["tea"]}
@@ -235,7 +235,7 @@ def service(redis_standalone: servers.RedisProcess) -> Service:
 def running(framework: str, service: Service, **options: Any) -> Iterator[httpx.Client]:
     """Serve the service's app with uvicorn; yield an HTTP client for it."""
     app = starlette_app(service, **options) if framework == "starlette" else fastapi_app(service, **options)
-    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve_client(app) as http:
         yield http
 
 
@@ -554,7 +554,7 @@ def test_gzip_inside_the_middleware_is_negotiated_on_replay(service: Service) ->
     app.add_middleware(GZipMiddleware, minimum_size=100)  # added first: it runs inside
     app.add_middleware(IdempotencyMiddleware, client=service.client, namespace=service.namespace)
     headers = key()
-    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve_client(app) as http:
         first = http.post("/orders", json=BODY, headers={**headers, "Accept-Encoding": "gzip"})
         plain = http.post("/orders", json=BODY, headers={**headers, "Accept-Encoding": "identity"})
         zipped = http.post("/orders", json=BODY, headers={**headers, "Accept-Encoding": "gzip"})

@@ -14,7 +14,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from goblin_claim import InvalidArgumentTypeError, _http
+from goblin_claim import InvalidArgumentTypeError
 from goblin_claim.testing import fake_async_redis, fake_redis
 from goblin_claim.wsgi import IdempotencyMiddleware
 
@@ -161,14 +161,6 @@ def test_routes_patterns_require_or_ignore_the_key_per_path(client: Any) -> None
     assert [call(middleware, key=key, path="/hooks/stripe").status for key in (None, "k-1", "k-1")] == [201] * 3
     assert app.runs == 3
     assert client.keys(f"{NS}:*") == []  # never claimed
-
-
-@pytest.fixture
-def fresh_log() -> Iterator[None]:
-    """No failing scope function logged yet: the log is once per process and cause."""
-    _http._logged.clear()
-    yield
-    _http._logged.clear()
 
 
 @pytest.mark.usefixtures("fresh_log")

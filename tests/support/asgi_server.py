@@ -78,6 +78,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
+def serve_client(app: Any, *, timeout: float = 30.0) -> Iterator[httpx.Client]:
+    """Serve ``app`` as ``serve`` does; yield an HTTP client for it (its base URL the server's)."""
+    with serve(app) as url, httpx.Client(base_url=url, timeout=timeout) as http:
+        yield http
+
+
+@contextlib.contextmanager
 def serve_process(
     target: str, *, env: Mapping[str, str], factory: bool = False, lifespan: str = "on", start_timeout: float = 30.0
 ) -> Iterator[str]:
@@ -86,35 +93,17 @@ def serve_process(
     Ready once ``GET /health`` answers 200. On exit the process gets SIGTERM (a
     graceful shutdown), then SIGKILL if it lingers; its stderr is shown on failure.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    command = [
-        sys.executable, "-m", "uvicorn", target, "--fd", str(sock.fileno()), "--http", "h11", "--loop", "asyncio",
-        "--lifespan", lifespan, "--log-level", "warning", "--no-access-log", "--timeout-graceful-shutdown", "5",
-    ]  # fmt: skip
-    if factory:
-        command.append("--factory")
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env={**os.environ, **env}, pass_fds=(sock.fileno(),), stdout=log, stderr=log
-        )
-        try:
-            yield _ready(process, f"http://{HOST}:{port}", log, start_timeout)
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
-            sock.close()
-        output = _read(log)
-    if "Traceback" in output:
-        raise RuntimeError(f"uvicorn {target} logged an error:\n{output}")
+    with _listening() as sock:
+        command = [
+            sys.executable, "-m", "uvicorn", target, "--fd", str(sock.fileno()), "--http", "h11", "--loop", "asyncio",
+            "--lifespan", lifespan, "--log-level", "warning", "--no-access-log", "--timeout-graceful-shutdown", "5",
+        ]  # fmt: skip
+        if factory:
+            command.append("--factory")
+        with _serving(command, sock, env, start_timeout) as (url, output):
+            yield url
+    if "Traceback" in output[0]:
+        raise RuntimeError(f"uvicorn {target} logged an error:\n{output[0]}")
 
 
 @contextlib.contextmanager
@@ -127,22 +116,46 @@ def serve_gunicorn(
     The socket is bound here and passed as ``fd://``; ready once ``GET /health``
     answers 200. On exit the arbiter gets SIGTERM (by its PID), then SIGKILL.
     """
+    with _listening() as sock:
+        command = [
+            sys.executable, "-m", "gunicorn", target, "--bind", f"fd://{sock.fileno()}", "--worker-class", worker,
+            "--workers", str(workers), "--threads", str(threads), "--timeout", str(timeout), "--graceful-timeout", "5",
+            "--log-level", "warning",
+        ]  # fmt: skip
+        with _serving(command, sock, env, start_timeout) as (url, output):
+            yield url
+    if "Traceback" in output[0] and "SystemExit" not in output[0]:
+        raise RuntimeError(f"gunicorn {target} logged an error:\n{output[0]}")
+
+
+@contextlib.contextmanager
+def _listening() -> Iterator[socket.socket]:
+    """A listening loopback socket on a port the kernel picks, closed on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    command = [
-        sys.executable, "-m", "gunicorn", target, "--bind", f"fd://{sock.fileno()}", "--worker-class", worker,
-        "--workers", str(workers), "--threads", str(threads), "--timeout", str(timeout), "--graceful-timeout", "5",
-        "--log-level", "warning",
-    ]  # fmt: skip
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((HOST, 0))
+        sock.listen(128)
+        yield sock
+    finally:
+        sock.close()
+
+
+@contextlib.contextmanager
+def _serving(
+    command: list[str], sock: socket.socket, env: Mapping[str, str], start_timeout: float
+) -> Iterator[tuple[str, list[str]]]:
+    """Run ``command`` (a server taking ``sock``); yield its URL and a list that holds its output once it stopped.
+
+    On exit the process gets SIGTERM (by its PID), then SIGKILL if it lingers.
+    """
+    output: list[str] = [""]
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
             command, cwd=ROOT, env={**os.environ, **env}, pass_fds=(sock.fileno(),), stdout=log, stderr=log
         )
         try:
-            yield _ready(process, f"http://{HOST}:{port}", log, start_timeout)
+            yield _ready(process, f"http://{HOST}:{sock.getsockname()[1]}", log, start_timeout), output
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -151,10 +164,7 @@ def serve_gunicorn(
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(timeout=10)
-            sock.close()
-        output = _read(log)
-    if "Traceback" in output and "SystemExit" not in output:
-        raise RuntimeError(f"gunicorn {target} logged an error:\n{output}")
+            output[0] = _read(log)
 
 
 def _ready(process: subprocess.Popen[bytes], url: str, log: Any, timeout: float) -> str:
