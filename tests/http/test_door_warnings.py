@@ -105,7 +105,12 @@ DJANGO = textwrap.dedent(
         runs.append("async")
         return HttpResponse(b"charged", status=201)
 
-    urlpatterns = [path("sync", sync_view), path("async", async_view)]
+    @idempotent_view(client=lambda: fakeredis.FakeAsyncRedis(server=server))
+    def wrong_kind(request):
+        runs.append("wrong")
+        return HttpResponse(b"charged", status=201)
+
+    urlpatterns = [path("sync", sync_view), path("async", async_view), path("wrong", wrong_kind)]
 
     def spoil():
         for name in sync_client.keys(sys.argv[1] + ":*"):
@@ -125,13 +130,18 @@ DJANGO = textwrap.dedent(
         return [first.status_code, second.status_code]
 
     statuses += asyncio.run(twice())
-    print(json.dumps({"statuses": statuses, "records": records, "runs": runs}))
+    try:
+        Client().post("/wrong", b"{}", "application/json", **headers)
+        refused = None
+    except Exception as exc:
+        refused = [type(exc).__name__, str(exc)]
+    print(json.dumps({"statuses": statuses, "records": records, "runs": runs, "refused": refused}))
     """
 )
 
 
 def test_the_django_door_warns_of_a_duplicate_answered_500_on_both_paths() -> None:
-    """Django's middleware, under WSGI and under ASGI, logs the warning the ASGI and WSGI doors log."""
+    """Django, under WSGI and ASGI, logs what the other doors log; a wrong-kind client is ImproperlyConfigured."""
     _framework("django")
     result = subprocess.run(
         [sys.executable, "-c", DJANGO, NS], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
@@ -139,7 +149,14 @@ def test_the_django_door_warns_of_a_duplicate_answered_500_on_both_paths() -> No
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["statuses"] == [201, 500, 201, 500]
-    assert seen["runs"] == ["sync", "async"]
+    assert seen["runs"] == ["sync", "async"]  # and the view given an asyncio client under WSGI never ran
+    kind, message = seen["refused"]
+    assert kind == "ImproperlyConfigured"  # Django's configuration error, as before
+    assert message.startswith("GOBLIN_CLAIM_IDEMPOTENCY['client'] under WSGI needs a sync client (redis.Redis, ")
+    assert "(or a redis:// or valkey:// URL, which serves both), not fakeredis." in message
+    assert message.endswith(
+        "; Django runs this middleware under WSGI here: give a client of that kind, or a URL for both"
+    )
     warned = [(name, message) for name, message in seen["records"] if WARNED in message]
     assert [name for name, _ in warned] == ["goblin_claim.wsgi", "goblin_claim.asgi"], seen["records"]
     for (_, message), path in zip(warned, ("/sync", "/async"), strict=True):
