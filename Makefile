@@ -155,7 +155,7 @@ bench-server: $(STAMP) redis-server valkey-server native
 # The nemesis by hand (tests/support/nemesis.py): CHAOS_RUNS schedules of CHAOS_SECONDS seconds of seeded
 # random faults over a Redis Cluster of three primaries with REPLICAS (1 or 2) replicas each, every
 # run on a fresh cluster, its figures printed as it ends and all of them again at the end.
-# RECIPE=1 runs the README's failover recipe (min-replicas-to-write 1, replicas=1 on the sync
+# RECIPE=1 runs the failover recipe (docs/operations/persistence.md: min-replicas-to-write 1, replicas=1 on the sync
 # claims), CHAOS_SERVER=valkey runs valkey-server, NEMESIS_SEED=<seed> replays a run (the runs
 # after it take the next seeds). Exits 1 when a run broke an invariant.
 CHAOS_SECONDS ?= 85
