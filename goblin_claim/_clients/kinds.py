@@ -99,13 +99,16 @@ class LazyClient:
     the wrong kind, at construction for a client given, on first use for one made.
     The client may not exist yet when the holder is made (an application's
     start-up, a test's fixture, a pre-forking server's worker).
+
+    Attributes:
+        made: The client once it was given or made; ``None`` before (a hot path reads it, then calls ``get()``).
     """
 
-    __slots__ = ("_check", "_client", "_factory", "_lock")
+    __slots__ = ("_check", "_factory", "_lock", "made")
 
     def __init__(self, client: Any, check: Callable[[Any], None]) -> None:
         self._check = check
-        self._client: Any = None
+        self.made: Any = None
         self._factory: Callable[[], Any] | None = None
         self._lock = threading.Lock()
         client = adapt(client)  # a GLIDE client: its adapter
@@ -113,17 +116,17 @@ class LazyClient:
             self._factory = client
         else:
             check(client)
-            self._client = client
+            self.made = client
 
     def get(self) -> Any:
         """The client, made by the factory (and checked) on the first call when a factory was given."""
-        client = self._client
+        client = self.made
         if client is None:
             with self._lock:
-                if self._client is None:
+                if self.made is None:
                     assert self._factory is not None
                     made = adapt(self._factory())
                     self._check(made)
-                    self._client = made
-                client = self._client
+                    self.made = made
+                client = self.made
         return client

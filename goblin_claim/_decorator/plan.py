@@ -185,7 +185,8 @@ class _Spec:
     @property
     def client(self) -> Any:
         """The client, made by the factory on first use when a factory was given."""
-        return self._client.get()
+        client = self._client.made  # read inline: every call asks, and after the first the client is there
+        return client if client is not None else self._client.get()
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The arguments by parameter name, defaults applied, as ``Signature.bind`` gives them."""
