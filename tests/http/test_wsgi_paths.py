@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -359,4 +360,95 @@ def test_a_store_redis_refuses_sends_the_answer_marked_unstored(
     assert any("could not keep the key closed (ServerError)" in m for m in messages), messages
     again = serve(door(app, client, lease=5), environ())
     assert (again.code, again.problem) == (409, "in-flight")
+    assert app.runs == 1
+
+
+# --------------------------------------------------------------------------- duplicates that wait, records not ours
+
+
+def test_a_duplicate_waits_for_the_first_and_gets_its_answer_or_409_when_it_waited_out(redis_client: Any) -> None:
+    """With ``wait``: a duplicate of a running request gets its answer once it finished, or 409 after waiting."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(env: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        started.set()
+        release.wait(10)
+        return created(env, start_response)
+
+    app = Counted(slow)
+    replies: dict[str, Reply] = {}
+
+    def run(name: str, wait: float) -> None:
+        replies[name] = serve(door(app, redis_client, wait=wait), environ())
+
+    first = threading.Thread(target=run, args=("first", 0))
+    first.start()
+    assert started.wait(10)
+    run("impatient", 0.2)  # the first is still running: it waits 0.2s, then is told
+    waiter = threading.Thread(target=run, args=("patient", 10))
+    waiter.start()
+    release.set()
+    first.join(10)
+    waiter.join(10)
+    impatient = replies["impatient"]
+    assert (impatient.code, impatient.problem) == (409, "in-flight")
+    assert json.loads(impatient.body)["detail"].endswith("(waited 0.2s)")
+    assert impatient.headers["retry-after"]
+    assert (replies["first"].code, replies["first"].body) == (201, b'{"order":1}')
+    patient = replies["patient"]
+    assert (patient.code, patient.body, patient.headers["idempotent-replayed"]) == (201, b'{"order":1}', "true")
+    assert app.runs == 1
+
+
+def test_a_done_record_without_a_value_is_500_result_lost(redis_client: Any) -> None:
+    """A key another writer left "done" without a value: the duplicate is told 500 result-lost, nothing runs."""
+    app = Counted(created)
+    middleware = door(app, redis_client)
+    assert serve(middleware, environ()).code == 201
+    (name,) = redis_client.keys(f"{NS}:*")
+    redis_client.set(name, b"done another-writer")
+    reply = serve(middleware, environ())
+    assert (reply.code, reply.problem) == (500, "result-lost")
+    assert app.runs == 1
+
+
+# --------------------------------------------------------------------------- Redis gone while the app runs
+
+
+def test_redis_gone_while_the_app_ran_sends_its_answer_marked_unstored(
+    own_server: Callable[..., servers.RedisProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store is retried through the lease, then given up: the client gets the answer, Idempotent-Stored: false."""
+    server = own_server()
+
+    def stopping(env: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        server.stop()
+        return created(env, start_response)
+
+    app = Counted(stopping)
+    client = server.client(socket_connect_timeout=0.5, socket_timeout=0.5)
+    with caplog.at_level(logging.WARNING, logger="goblin_claim"):
+        reply = serve(door(app, client, lease=3), environ())
+    assert (reply.code, reply.body, reply.headers["idempotent-stored"]) == (201, b'{"order":1}', "false")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("could not be stored (ConnectionFailedError)" in m for m in messages), messages
+    assert not any("could not keep the key closed" in m for m in messages)  # no marker tried on a dead connection
+    assert app.runs == 1
+
+
+def test_an_app_failing_after_redis_went_away_raises_its_own_error(
+    own_server: Callable[..., servers.RedisProcess],
+) -> None:
+    """Redis gone, the key cannot be given back (it frees itself after its lease): the error reaches the server."""
+    server = own_server()
+
+    def failing(env: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        server.stop()
+        raise LookupError("the order table is gone")
+
+    app = Counted(failing)
+    client = server.client(socket_connect_timeout=0.5, socket_timeout=0.5)
+    with pytest.raises(LookupError, match="order table"):
+        serve(door(app, client, lease=1), environ())
     assert app.runs == 1
