@@ -465,13 +465,19 @@ def _to_delete(rig: Rig, operation: str, flavour: str = "default") -> tuple[Any,
     return handle, record(handle.token, b"stored")
 
 
+def _delete_through(rig: Rig, operation: str, fault: str, reported: bool, sends: int) -> Any:
+    """``operation`` with ``fault`` (a ``Faults`` method) armed: it answers ``reported``, sent ``sends`` times."""
+    handle, _ = _to_delete(rig, operation)
+    getattr(rig.faults, fault)(handle.claim_key.encode())
+    assert getattr(handle, operation)() is reported
+    assert sent(rig.faults, handle.claim_key, operation) == sends
+    assert rig.raw.exists(handle.claim_key) == 0
+    return handle
+
+
 def _delete_reply_lost(rig: Rig, operation: str) -> None:
     """``operation`` deletes, its reply is lost: the re-send reports False, the key is free."""
-    handle, _ = _to_delete(rig, operation)
-    rig.faults.lose_next_reply(handle.claim_key.encode())
-    assert getattr(handle, operation)() is False
-    assert sent(rig.faults, handle.claim_key, operation) == 2
-    assert rig.raw.exists(handle.claim_key) == 0
+    handle = _delete_through(rig, operation, "lose_next_reply", False, 2)
     assert isinstance(rig.claim(rig.client(), handle.key).acquire(), Claimed)
 
 
@@ -488,11 +494,7 @@ def test_forget_reply_lost_is_resent_and_reports_false_with_the_record_gone(rig:
 @pytest.mark.parametrize("operation", ["release", "forget"])
 def test_delete_cut_before_the_server_is_retried_once(rig: Rig, operation: str) -> None:
     """The connection drops before release() or forget() reaches the server; redis-py's retry deletes: True."""
-    handle, _ = _to_delete(rig, operation)
-    rig.faults.drop_before(handle.claim_key.encode())
-    assert getattr(handle, operation)() is True
-    assert sent(rig.faults, handle.claim_key, operation) == 1
-    assert rig.raw.exists(handle.claim_key) == 0
+    _delete_through(rig, operation, "drop_before", True, 1)
 
 
 @pytest.mark.parametrize("operation", ["release", "forget"])
