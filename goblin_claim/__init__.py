@@ -66,7 +66,7 @@ def _say_where_users_import_them() -> None:
     """
     for name in __all__:
         public = globals()[name]
-        if isinstance(public, type) or callable(public) and hasattr(public, "__code__"):
+        if isinstance(public, type) or (callable(public) and hasattr(public, "__code__")):
             public.__module__ = __name__
 
 
