@@ -54,7 +54,7 @@ from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Mount, Route  # noqa: E402
 
 FRAMEWORKS = ("starlette", "fastapi", "litestar")
-README = Path(__file__).resolve().parents[2] / "docs" / "guides" / "http" / "asgi.md"  # the ASGI door's page
+ASGI_PAGE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "http" / "asgi.md"  # the manual's ASGI page
 BODY = {"items": ["tea"]}
 
 
@@ -383,12 +383,12 @@ def test_litestar_scope_reads_the_user_its_auth_middleware_set(service: Service)
     assert service.runs == Counter(orders=2)
 
 
-# --------------------------------------------------------------------------- the README's samples, as written
+# --------------------------------------------------------------------------- the ASGI page's samples, as written
 
 
 def readme_sample(introduced_by: str) -> str:
     """The ASGI page's first ``python`` block after the paragraph beginning ``introduced_by``."""
-    text = README.read_text()
+    text = ASGI_PAGE.read_text()
     start = text.index("\n" + introduced_by)
     found = re.compile(r"```python\n(.*?)```", re.DOTALL).search(text, start)
     assert found is not None
@@ -396,7 +396,7 @@ def readme_sample(introduced_by: str) -> str:
 
 
 def run_sample(code: str, name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Run a README sample as the module ``name`` (in sys.modules, as frameworks expect); return its globals."""
+    """Run a page's sample as the module ``name`` (in sys.modules, as frameworks expect); return its globals."""
     module = types.ModuleType(name)
     monkeypatch.setitem(sys.modules, name, module)
     exec(compile(code, f"asgi.md ({name})", "exec"), module.__dict__)
@@ -426,7 +426,7 @@ def closing(app: Any, client: Any) -> Any:
 def serving_fastapi_sample(
     port: int, monkeypatch: pytest.MonkeyPatch, *, authentication: bool
 ) -> Iterator[tuple[httpx.Client, dict[str, Any]]]:
-    """Serve the README's FastAPI sample (without its authentication line if asked); yield a client and its globals."""
+    """Serve the ASGI page's FastAPI sample (without its authentication line if asked); yield a client, its globals."""
     code = readme_sample("FastAPI with Starlette's authentication")
     line = "app.add_middleware(AuthenticationMiddleware, backend=BearerNames())  # added last: runs first\n"
     assert line in code
