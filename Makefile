@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := goblin_claim tests examples benchmarks tools
+SOURCES := goblin_claim tests examples benchmarks tools docs/hooks
 
 .PHONY: demo test check install docs docs-serve redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers chaos clean
 
