@@ -1,0 +1,188 @@
+"""The job doors in process, on fakeredis: Celery eagerly, Dramatiq on its StubBroker, arq's function as arq calls it.
+
+Their option checks, a task that fails for good under enqueue_once, and the in-flight
+retry of an arq job without a job id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from goblin_claim import AsyncClaim, Claim, Claimed, InvalidArgumentError, InvalidArgumentTypeError
+from goblin_claim.testing import fake_async_redis, fake_redis
+from tests.conftest import unique
+
+celery = pytest.importorskip("celery")
+dramatiq = pytest.importorskip("dramatiq")
+arq = pytest.importorskip("arq")
+
+from dramatiq.brokers.stub import StubBroker  # noqa: E402
+
+import goblin_claim.dramatiq  # noqa: E402
+from goblin_claim.arq import idempotent_job  # noqa: E402
+from goblin_claim.celery import IdempotentTask  # noqa: E402
+
+
+def eager_app() -> Any:
+    """A Celery app that runs each task in the caller, as ``task_always_eager`` does in tests."""
+    app = celery.Celery(unique("app"), broker="memory://", backend="cache+memory://")
+    app.conf.task_always_eager = True
+    return app
+
+
+# --------------------------------------------------------------------------- Celery
+
+
+def test_a_task_that_fails_for_good_clears_its_enqueue_once_marker() -> None:
+    """enqueue_once: a task that raises (no retry) deletes its first-message marker, so delay() sends it again."""
+    app, client, runs = eager_app(), fake_redis(native=False), []
+    name = unique("tasks.flaky")
+
+    @app.task(base=IdempotentTask, name=name, idempotency={"client": client, "key": "event_id", "enqueue_once": True})
+    def flaky(event_id: str) -> str:
+        runs.append(event_id)
+        if len(runs) == 1:
+            raise ValueError("downstream refused")
+        return f"charged {event_id}"
+
+    marker = Claim(client, "evt-1", namespace=name).claim_key + ":task"
+    first = flaky.delay("evt-1")
+    assert first.state == "FAILURE"
+    assert client.get(marker) is None  # cleared: the key may be sent again
+    again = flaky.delay("evt-1")
+    assert again.id != first.id
+    assert again.get() == "charged evt-1"
+    assert client.get(marker) == again.id.encode()
+    assert runs == ["evt-1", "evt-1"]
+
+
+def test_enqueue_once_sends_its_own_message_again_and_keeps_a_newer_marker() -> None:
+    """The first message sent again (same id) goes out and replays; a failure of another id leaves the marker."""
+    app, client, runs = eager_app(), fake_redis(native=False), []
+    name = unique("tasks.once")
+
+    @app.task(base=IdempotentTask, name=name, idempotency={"client": client, "key": "event_id", "enqueue_once": True})
+    def once(event_id: str) -> str:
+        runs.append(event_id)
+        return f"done {event_id}"
+
+    first = once.delay("evt-2")
+    again = once.apply_async(("evt-2",), task_id=first.id)  # a redelivery of the first message
+    assert again.id == first.id
+    assert again.get() == "done evt-2"
+    assert runs == ["evt-2"]
+    marker = Claim(client, "evt-2", namespace=name).claim_key + ":task"
+    once.on_failure(ValueError("x"), "another-id", ("evt-2",), {}, None)
+    assert client.get(marker) == first.id.encode()  # not that message's marker: kept
+
+
+def test_a_task_that_raises_without_enqueue_once_runs_again_on_the_next_message() -> None:
+    """Without enqueue_once a failed task leaves no marker, and its claim is released: the next message runs."""
+    app, client, runs = eager_app(), fake_redis(native=False), []
+    name = unique("tasks.retry")
+
+    @app.task(base=IdempotentTask, name=name, idempotency={"client": client, "key": "event_id"})
+    def retried(event_id: str) -> str:
+        runs.append(event_id)
+        if len(runs) == 1:
+            raise ValueError("downstream refused")
+        return f"charged {event_id}"
+
+    assert retried.delay("evt-6").state == "FAILURE"
+    assert retried.delay("evt-6").get() == "charged evt-6"
+    assert runs == ["evt-6", "evt-6"]
+    assert client.exists(Claim(client, "evt-6", namespace=name).claim_key + ":task") == 0
+
+
+@pytest.mark.parametrize(
+    ("idempotency", "error", "said"),
+    [
+        (["key"], InvalidArgumentTypeError, "idempotency options must be a dict, not list"),
+        ({"lease": 30}, InvalidArgumentError, "idempotency options need key="),
+    ],
+)
+def test_a_tasks_idempotency_options_are_checked_when_it_first_runs(
+    idempotency: Any, error: type[Exception], said: str
+) -> None:
+    """Options that are not a dict, or lack key=: the task's first run raises, naming the task."""
+    app = eager_app()
+    name = unique("tasks.bad")
+
+    @app.task(base=IdempotentTask, name=name, idempotency=idempotency)
+    def bad(event_id: str) -> str:
+        return event_id
+
+    with pytest.raises(error, match=f"task {name}: {said}"):
+        bad("evt-3")
+
+
+# --------------------------------------------------------------------------- Dramatiq
+
+
+def test_an_actor_without_idempotency_is_left_as_declared() -> None:
+    """Under the Idempotency middleware, an actor declared without ``idempotency`` runs every message."""
+    broker = StubBroker()
+    broker.add_middleware(goblin_claim.dramatiq.Idempotency(fake_redis(native=False)))
+    runs: list[str] = []
+
+    @dramatiq.actor(broker=broker, actor_name=unique("plain"))
+    def plain(event_id: str) -> None:
+        runs.append(event_id)
+
+    worker = dramatiq.Worker(broker, worker_timeout=100)
+    worker.start()
+    try:
+        plain.send("evt-4")
+        plain.send("evt-4")
+        broker.join(plain.queue_name)
+        worker.join()
+    finally:
+        worker.stop()
+    assert runs == ["evt-4", "evt-4"]
+
+
+# --------------------------------------------------------------------------- arq
+
+
+def test_arq_refuses_a_plain_def() -> None:
+    """Arq runs coroutine functions: decorating a plain def raises TypeError naming it."""
+    with pytest.raises(TypeError, match=r"arq runs coroutine functions: .*charge is not an async def"):
+
+        @idempotent_job(key="event_id")
+        def charge(ctx: dict[str, Any], event_id: str) -> str:
+            return event_id
+
+
+def test_arq_job_in_flight_without_a_job_id_asks_arq_to_retry_later() -> None:
+    """Called with a context that has no job_id while the key is held: arq's Retry, with the holder's lease left."""
+
+    async def scenario() -> None:
+        client = fake_async_redis(native=False)
+        ns = unique("arq")
+        runs: list[str] = []
+
+        @idempotent_job(key="event_id", namespace=ns, wait=0, lease=30)
+        async def charge(ctx: dict[str, Any], event_id: str) -> str:
+            runs.append(event_id)
+            return event_id
+
+        assert isinstance(await AsyncClaim(client, "evt-5", namespace=ns, lease=30).acquire(), Claimed)
+        with pytest.raises(arq.worker.Retry) as retry:
+            await charge({"redis": client}, "evt-5")
+        assert 0 < retry.value.defer_score <= 31_000
+        assert runs == []
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_function_must_take_the_context_first() -> None:
+    """An arq function without a first positional parameter is refused: arq passes the job's context there."""
+    with pytest.raises(InvalidArgumentTypeError, match="must take the job's context as its first parameter"):
+
+        @idempotent_job(key="event_id", client=fake_async_redis(native=False))
+        async def charge(*, event_id: str) -> str:
+            return event_id
