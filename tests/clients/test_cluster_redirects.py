@@ -8,7 +8,8 @@ not acknowledged (NotReplicatedError), which shows which node ran it. Both drive
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +18,8 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.crc import key_slot
 
-from goblin_claim import AsyncClaim, Claim, NotReplicatedError
-from tests.conftest import unique
+from goblin_claim import AsyncClaim, Claim, Claimed, NotReplicatedError
+from tests.conftest import record, unique
 from tests.support import servers
 
 
@@ -148,3 +149,79 @@ def test_an_async_replicated_claim_follows_ask_to_the_importing_node(nodes: list
 
     claim, other = asyncio.run(main())
     assert _held_on(nodes[other], claim.claim_key, asking=True) == claim.token.encode()
+
+
+# --------------------------------------------------------------------------- renewals of a migrated key
+
+
+def _migrate_key(nodes: list[servers.RedisProcess], claim_key: str, source: int) -> None:
+    """Move ``claim_key``'s slot, with the key, from ``source`` to the other node, as a resharding would."""
+    slot = key_slot(claim_key.encode())
+    target = 1 - source
+    _migrate(nodes, slot, source)
+    migrating = nodes[source].client()
+    try:
+        migrating.execute_command("MIGRATE", servers.HOST, nodes[target].port, claim_key, 0, 5000)
+    finally:
+        migrating.close()
+    _move(nodes, slot, target)
+
+
+def _until(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_renewals_follow_a_key_migrated_to_another_node(nodes: list[servers.RedisProcess]) -> None:
+    """The claim's slot moves to the other node while the keep-alive runs: it renews there, and the work completes."""
+    client = redis.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
+    claim = Claim(client, unique("renewed"), lease=6)
+    try:
+        assert isinstance(claim.acquire(), Claimed)
+        owner, other = _owner_and_other(nodes, claim.claim_key)
+        with claim.keep_alive(interval=1) as keeper:
+            assert _until(lambda: keeper.renewals >= 1, 15)
+            _migrate_key(nodes, claim.claim_key, owner)
+            moved_at = keeper.renewals
+            assert _until(lambda: keeper.renewals >= moved_at + 2, 15)
+            assert not keeper.lost
+        claim.complete(b"done")
+        assert _held_on(nodes[other], claim.claim_key) == record(claim.token, b"done")
+    finally:
+        client.close()
+
+
+def test_async_renewals_follow_a_key_migrated_to_another_node(nodes: list[servers.RedisProcess]) -> None:
+    """The asyncio twin."""
+
+    async def until(condition: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def main() -> tuple[AsyncClaim, int]:
+        client = redis.asyncio.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
+        claim = AsyncClaim(client, unique("renewed"), lease=6)
+        try:
+            assert isinstance(await claim.acquire(), Claimed)
+            owner, other = _owner_and_other(nodes, claim.claim_key)
+            async with claim.keep_alive(interval=1) as keeper:
+                assert await until(lambda: keeper.renewals >= 1, 15)
+                _migrate_key(nodes, claim.claim_key, owner)
+                moved_at = keeper.renewals
+                assert await until(lambda: keeper.renewals >= moved_at + 2, 15)
+                assert not keeper.lost
+            await claim.complete(b"done")
+        finally:
+            await client.aclose()
+        return claim, other
+
+    claim, other = asyncio.run(main())
+    assert _held_on(nodes[other], claim.claim_key) == record(claim.token, b"done")
