@@ -1,6 +1,6 @@
 """A claim with replicas follows its slot: to the new owner after MOVED, to the importing node after ASK.
 
-A cluster of two primaries of this module's own (its slots are moved under the
+A cluster of two primaries of each test's own (its slots are moved under the
 client's feet), no replicas: a claim that reaches a primary is taken there and
 not acknowledged (NotReplicatedError), which shows which node ran it. Both drivers.
 """
@@ -23,13 +23,10 @@ from tests.conftest import record, unique
 from tests.support import servers
 
 
-@pytest.fixture(scope="module")
-def nodes() -> Iterator[list[servers.RedisProcess]]:
-    """Two primaries of this module's own."""
-    binary = servers.redis_server_binary()
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    with servers.cluster(binary, primaries=2) as made:
+@pytest.fixture
+def nodes(redis_server_binary: str) -> Iterator[list[servers.RedisProcess]]:
+    """Two primaries of the test's own (its slots are moved)."""
+    with servers.cluster(redis_server_binary, primaries=2) as made:
         yield made
 
 
