@@ -153,6 +153,7 @@ def test_a_compressed_answer_is_unpacked_for_a_duplicate_refusing_its_coding(cod
     assert plain_headers["content-length"] == str(len(b"the order"))
     _, packed_headers, as_stored = serve(middleware, accept_encoding=f"{coding};q=0.5, ,br")
     assert (as_stored, packed_headers["content-encoding"]) == (packed, coding)
+    assert serve(middleware)[2] == packed  # no Accept-Encoding admits any coding (RFC 9110)
     assert app.runs == 1
 
 
