@@ -1,0 +1,57 @@
+"""OpenTelemetry: a fenced claim's span carries its fence; a lease lost under the application's span marks it.
+
+On fakeredis, read back through the SDK's in-memory exporters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import goblin_claim.otel
+from goblin_claim import Claim, Claimed
+from goblin_claim.testing import fake_redis
+from tests.conftest import unique
+from tests.observability.test_otel import Telemetry, _start
+
+
+@pytest.fixture
+def otel() -> Iterator[Telemetry]:
+    """goblin-claim instrumented into fresh SDK providers for one test."""
+    telemetry, meter_provider = _start()
+    yield telemetry
+    goblin_claim.otel.uninstrument()
+    telemetry.tracer_provider.shutdown()
+    meter_provider.shutdown()
+
+
+def test_a_fenced_claims_span_carries_its_fence(otel: Telemetry) -> None:
+    """``fencing=True``: the acquire span's goblin_claim.fence is the fence the caller got."""
+    outcome = Claim(fake_redis(native=False), unique("k"), fencing=True).acquire()
+    assert isinstance(outcome, Claimed)
+    (span,) = otel.finished("goblin_claim.acquire")
+    assert span.attributes is not None
+    assert span.attributes["goblin_claim.fence"] == outcome.fence
+
+
+def test_a_lease_lost_under_the_applications_span_is_marked_on_it(otel: Telemetry) -> None:
+    """A keep-alive started inside the application's span: losing the lease adds "lease lost" to that span."""
+    client = fake_redis(native=False)
+    tracer = otel.tracer_provider.get_tracer("app")
+    claim = Claim(client, unique("k"), lease=5)
+    with tracer.start_as_current_span("handle-order") as span:
+        assert isinstance(claim.acquire(), Claimed)
+        with claim.keep_alive(interval=0.1) as keeper:
+            client.set(claim.claim_key, "someone-else")
+            deadline = time.monotonic() + 10
+            # The keeper marks the span from its own thread, just after it says the lease is lost.
+            while "lease lost" not in [event.name for event in span.events] and time.monotonic() < deadline:  # type: ignore[attr-defined]
+                time.sleep(0.02)
+            assert keeper.lost
+    (owning,) = otel.finished("handle-order")
+    assert "lease lost" in [event.name for event in owning.events]
+    renewals = otel.finished("goblin_claim.renew")
+    assert renewals[-1].parent is not None
+    assert renewals[-1].parent.span_id == owning.context.span_id
