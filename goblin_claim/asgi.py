@@ -93,6 +93,11 @@ __all__ = [
     "idempotency_key",
 ]
 
+# The response records every door shares are defined with the rules in _http; users meet
+# them here, first, and that is the name repr() and help() show.
+for _shared in (AbandonedRequest, StoredResponse, UnstoredResponse):
+    _shared.__module__ = __name__
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
