@@ -36,7 +36,7 @@ A pydantic model (or dataclass) result is handed to Celery as its JSON form, as
 Celery's own ``pydantic=True`` does, so the JSON result backend can store it.
 
 Not guaranteed: a worker killed after the side effect and before the result is
-stored runs the work again on redelivery; pass the key downstream (see the README).
+stored runs the work again on redelivery; pass the key downstream (docs/guides/jobs/index.md).
 """
 
 from __future__ import annotations
