@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import threading
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -212,3 +213,102 @@ def test_a_body_that_does_not_parse_as_its_type_is_compared_byte_for_byte(body: 
     assert (status, headers["idempotent-replayed"]) == (201, "true")
     assert serve(middleware, body + b" ", kind=kind)[0] == 422
     assert app.runs == 1
+
+
+# --------------------------------------------------------------------------- routes, keys, statuses
+
+
+def test_routes_that_are_neither_a_mapping_nor_a_function_or_hold_a_bad_pattern_are_refused() -> None:
+    """``routes`` must map '/' patterns to rules, or be a function: anything else is refused when wrapping."""
+    with pytest.raises(InvalidArgumentTypeError, match="routes must map path patterns"):
+        door(counting(), routes=["/webhooks/*"])
+    with pytest.raises(InvalidArgumentError, match="routes holds path patterns beginning with '/'"):
+        door(counting(), routes={"webhooks/*": "ignore"})
+
+
+def test_a_routes_function_returning_no_rule_is_500(fresh_log: None) -> None:
+    """A routes function answering something other than a rule or None: 500 routes-failed, nothing runs."""
+    app = counting()
+    status, headers, body = serve(door(app, routes=lambda environ: "maybe", problem_docs=DOCS))
+    assert (status, headers["content-type"]) == (500, "application/problem+json")
+    assert b"#routes-failed" in body
+    assert app.runs == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "status"),
+    [('"abc', 400), ('"a\\b"', 400), ('"a\x01b"', 400), ('"a\\"b"', 201), ('"a\\\\b"', 201)],
+    ids=["no-closing-quote", "bad-escape", "control-byte", "escaped-quote", "escaped-backslash"],
+)
+def test_quoted_keys_are_read_as_structured_field_strings(key: str, status: int) -> None:
+    """A quoted key is an RFC 8941 string: escapes of a quote or a backslash are fine, anything else is 400."""
+    app = counting()
+    got, _, body = serve(door(app), idempotency_key=key)
+    assert got == status
+    if status == 400:
+        assert b"not a well-formed structured-field string" in body
+    assert app.runs == (1 if status == 201 else 0)
+
+
+def test_a_204_is_replayed_without_a_body_length() -> None:
+    """A status that never has a body (204): replayed with no Content-Length added (RFC 9110 section 8.6)."""
+
+    def no_content(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        environ["wsgi.input"].read()
+        start_response("204 No Content", [])
+        return [b""]
+
+    middleware = door(no_content)
+    serve(middleware)
+    status, headers, body = serve(middleware)
+    assert (status, body, headers["idempotent-replayed"]) == (204, b"", "true")
+    assert "content-length" not in headers
+
+
+def test_form_bodies_with_their_fields_in_another_order_are_the_same_request() -> None:
+    """Form fields compared by name (one name's values in order): reordered fields replay, a changed one is 422."""
+    app = counting()
+    middleware = door(app)
+    form = "application/x-www-form-urlencoded"
+    serve(middleware, b"a=1&b=2&b=3", kind=form)
+    status, headers, _ = serve(middleware, b"b=2&a=1&b=3", kind=form)
+    assert (status, headers["idempotent-replayed"]) == (201, "true")
+    assert serve(middleware, b"b=3&a=1&b=2", kind=form)[0] == 422  # b's values in another order
+    assert app.runs == 1
+
+
+def test_multipart_part_headers_besides_disposition_and_type_do_not_matter() -> None:
+    """A part's other headers (Content-Transfer-Encoding) are not compared: the same parts replay."""
+    app = counting()
+    middleware = door(app)
+    extra = (
+        b'--AAA\r\nContent-Disposition: form-data; name="note"\r\nContent-Transfer-Encoding: 8bit\r\n\r\nhello\r\n'
+        b"--AAA--\r\n"
+    )
+    serve(middleware, extra, kind="multipart/form-data; boundary=AAA")
+    status, headers, _ = serve(middleware, extra.replace(b"AAA", b"BBB"), kind="multipart/form-data; boundary=BBB")
+    assert (status, headers["idempotent-replayed"]) == (201, "true")
+    assert app.runs == 1
+
+
+def test_a_duplicate_with_another_body_while_the_first_runs_is_422() -> None:
+    """The key reused with a different body while the first request is still running: 422 at once, not 409."""
+    release, started = threading.Event(), threading.Event()
+
+    def slow(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        environ["wsgi.input"].read()
+        started.set()
+        release.wait(10)
+        start_response("201 Created", [])
+        return [b"made"]
+
+    middleware = door(slow, problem_docs=DOCS)
+    first = threading.Thread(target=serve, args=(middleware, b'{"a": 1}'))
+    first.start()
+    assert started.wait(10)
+    try:
+        status, _, body = serve(middleware, b'{"a": 2}')
+    finally:
+        release.set()
+        first.join(10)
+    assert (status, b"#key-reused" in body) == (422, True)
