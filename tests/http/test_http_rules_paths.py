@@ -312,3 +312,13 @@ def test_a_duplicate_with_another_body_while_the_first_runs_is_422() -> None:
         release.set()
         first.join(10)
     assert (status, b"#key-reused" in body) == (422, True)
+
+
+def test_a_scope_function_reading_a_missing_attribute_is_500_naming_it(fresh_log: None) -> None:
+    """A scope function raising AttributeError: 500 scope-failed, its detail naming the missing attribute."""
+    app = counting()
+    status, _, body = serve(door(app, scope=lambda environ: environ.user, problem_docs=DOCS))
+    assert status == 500
+    assert b"#scope-failed" in body
+    assert b"AttributeError (no attribute 'user')" in body
+    assert app.runs == 0
