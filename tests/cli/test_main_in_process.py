@@ -491,3 +491,35 @@ def test_a_closed_stdout_is_pointed_at_devnull_so_the_exit_flush_stays_quiet(
         assert main(["namespaces", "--url", url(redis_standalone)]) == 141
         os.write(sink.fileno(), b"what the interpreter flushes as it exits")
     assert (tmp_path / "stdout").read_bytes() == b""
+
+
+def test_inspect_a_record_of_another_type_or_a_bare_done_marker_exits_1(
+    redis_standalone: servers.RedisProcess, stock: redis.Redis
+) -> None:
+    """A hash where the record belongs, or ``done <token>`` without a value: odd, what acquire() raises, exit 1."""
+    ns = unique("cli-ns")
+    hashed = Claim(stock, "evt-h", namespace=ns).claim_key
+    stock.hset(hashed, "f", "v")
+    stock.expire(hashed, 600)
+    status, text = run("inspect", "evt-h", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 1
+    assert f"record  {hashed}: a hash, not written by goblin-claim" in text
+    assert "state   odd: a hash where the record belongs; acquire() raises WrongTypeError" in text
+    marker = Claim(stock, "evt-m", namespace=ns).claim_key
+    stock.set(marker, "done worker-5", ex=600)
+    status, text = run("inspect", "evt-m", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 1
+    assert f"record  {marker}: 'done worker-5', TTL " in text
+    assert "acquire() raises ResultLostError; `goblin-claim forget evt-m` reopens the key" in text
+
+
+def test_inspect_shows_the_fence_of_a_fenced_claim(redis_standalone: servers.RedisProcess, stock: redis.Redis) -> None:
+    """``fencing=True``: inspect shows the fence counter beside the record, with the fence the owner got."""
+    ns = unique("cli-ns")
+    handle = Claim(stock, "evt-f", namespace=ns, fencing=True)
+    outcome = handle.acquire()
+    assert isinstance(outcome, Claimed)
+    status, text = run("inspect", "evt-f", "--namespace", ns, "--url", url(redis_standalone))
+    assert status == 0
+    (line,) = [line for line in text.splitlines() if line.startswith("fence   ")]
+    assert line.endswith(f": '{outcome.fence}' (the fence of the latest claim)")
