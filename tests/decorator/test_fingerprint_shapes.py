@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic
 import pytest
@@ -72,5 +72,20 @@ def test_fingerprint_of_the_wrong_type_is_refused_with_what_it_takes() -> None:
     with pytest.raises(InvalidArgumentTypeError, match="fingerprint must be a function, a tuple of parameter names"):
 
         @idempotent(fake_redis(native=False), key="order", fingerprint=["order"], namespace=unique("fp"))  # type: ignore[arg-type]
+        def charge(order: str) -> str:
+            return order
+
+
+class Names(NamedTuple):
+    """A tuple subclass: not the plain tuple fingerprint= takes."""
+
+    first: str
+
+
+def test_a_tuple_subclass_for_fingerprint_is_refused() -> None:
+    """``fingerprint=`` a NamedTuple of names: InvalidArgumentTypeError, as for any other non-tuple."""
+    with pytest.raises(InvalidArgumentTypeError, match="fingerprint must be a function, a tuple of parameter names"):
+
+        @idempotent(fake_redis(native=False), key="order", fingerprint=Names("order"), namespace=unique("fp"))
         def charge(order: str) -> str:
             return order
