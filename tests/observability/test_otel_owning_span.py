@@ -55,3 +55,16 @@ def test_a_lease_lost_under_the_applications_span_is_marked_on_it(otel: Telemetr
     renewals = otel.finished("goblin_claim.renew")
     assert renewals[-1].parent is not None
     assert renewals[-1].parent.span_id == owning.context.span_id
+
+
+def test_a_from_keys_handles_span_and_points_carry_no_namespace(otel: Telemetry) -> None:
+    """A handle made with from_keys has no namespace: its span and duration points leave the attribute out."""
+    handle = Claim.from_keys(fake_redis(native=False), unique("claim"), unique("result"))
+    assert isinstance(handle.acquire(), Claimed)
+    (span,) = otel.finished("goblin_claim.acquire")
+    assert span.attributes is not None
+    assert "goblin_claim.namespace" not in span.attributes
+    assert span.attributes["goblin_claim.outcome"] == "claimed"
+    points = otel.points("goblin_claim.operation.duration")
+    assert points
+    assert all("goblin_claim.namespace" not in point.attributes for point in points)
