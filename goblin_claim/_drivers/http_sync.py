@@ -39,10 +39,6 @@ class SyncDoor:
         self.options = options
         self._client = LazyClient(client, functools.partial(_check_client, user))
 
-    def client(self) -> Any:
-        """The client, made by the factory on first use."""
-        return self._client.get()
-
     def claim(
         self, method: str, path: str, owner: str | None, key: str, fp: str, options: Options | None = None
     ) -> Claim:
