@@ -1,13 +1,16 @@
-"""A handle reading what it cannot decode, and a handle whose repeated claim fails while it already holds the work.
+"""A handle reading what it cannot decode, a repeated claim failing while it holds the work, an interrupted claim.
 
 Both drivers: fakeredis and the standalone server for the first, the
-standalone server behind a fault proxy for the second.
+standalone server behind a fault proxy for the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import pytest
 import redis
@@ -91,4 +94,38 @@ def test_an_async_repeated_claim_cut_on_the_wire_leaves_the_holder_able_to_compl
         claim = asyncio.run(main())
         assert raw.get(claim.claim_key) == record(claim.token, b"done")
     finally:
+        raw.close()
+
+
+class Interrupted(BaseException):
+    """What a signal handler raises into the blocked caller (as Ctrl-C's KeyboardInterrupt does)."""
+
+
+def test_a_sync_claim_interrupted_while_its_reply_is_held_back_is_given_back(
+    proxy: FaultProxy, redis_standalone: servers.RedisProcess
+) -> None:
+    """The server took the claim, no reply came, a signal interrupted the caller: the claim is released."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    raw = redis.Redis(host=servers.HOST, port=redis_standalone.port)
+    client = redis.Redis(host=servers.HOST, port=proxy.port)
+    claim = Claim(client, unique("held"), lease=60)
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        proxy.faults.hold_next_reply(claim.claim_key.encode())
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(Interrupted):
+            claim.acquire()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert proxy.faults.lost(claim.claim_key.encode()) == 1  # the claim ran on the server
+        assert raw.get(claim.claim_key) is None  # and was given back
+        assert isinstance(Claim(client, claim.key, lease=60).acquire(), Claimed)  # a retry claims at once
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        client.close()
         raw.close()
