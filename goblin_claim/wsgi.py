@@ -135,7 +135,7 @@ class _Run:
     def run(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         keep = self._claim.keep_alive()
         keep.__enter__()
-        iterator: Iterator[bytes] | None = None
+        iterator: Iterator[bytes] = iter(())  # the app's, once it returned
         result: Iterable[bytes] | None = None
         try:
             result = self._app(environ, self._start_response)
@@ -207,7 +207,7 @@ class _Run:
         return [body]
 
     def _pass(
-        self, start_response: StartResponse, reason: str, result: Any, iterator: Iterator[bytes] | None, keep: KeepAlive
+        self, start_response: StartResponse, reason: str, result: Any, iterator: Iterator[bytes], keep: KeepAlive
     ) -> Iterable[bytes]:
         assert self._status is not None
         unstored = None if reason == "given back" else reason
@@ -231,7 +231,7 @@ class _Passing:
     """
 
     def __init__(
-        self, run: _Run, unstored: str | None, held: list[bytes], result: Any, rest: Iterator[bytes] | None,
+        self, run: _Run, unstored: str | None, held: list[bytes], result: Any, rest: Iterator[bytes],
         keep: KeepAlive,
     ) -> None:  # fmt: skip
         self._run = run
@@ -246,8 +246,7 @@ class _Passing:
     def __iter__(self) -> Iterator[bytes]:
         yield from self._held
         self._held = []
-        if self._rest is not None:
-            yield from self._rest
+        yield from self._rest
         self._ended = True
 
     def close(self) -> None:
