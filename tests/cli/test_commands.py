@@ -6,11 +6,10 @@ doctor's checks of a server run on redis-server and again on valkey-server (``ea
 from __future__ import annotations
 
 import contextlib
-import io
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +18,11 @@ import redis
 
 from goblin_claim import Claim, Claimed, ResultLostError, WrongTypeError, idempotent
 from goblin_claim._cli.doctor import eviction_finding, native_finding, owner_check_finding
-from goblin_claim._cli.main import main
+from tests.cli.invoke import run, url
 from tests.conftest import publish, unique
 from tests.support import servers
 
 Tier = Callable[[str], Any]  # each_server: the session's server of a tier
-
-
-def run(*argv: str) -> tuple[int, str]:
-    """``goblin-claim argv...`` in process: the exit status and what it printed."""
-    out = io.StringIO()
-    status = main(list(argv), out=out)
-    return status, out.getvalue()
-
-
-def url(server: servers.RedisProcess, user: str = "") -> str:
-    """The server's URL (with ``user:pw@`` when a user is given)."""
-    auth = f"{user}:pw@" if user else ""
-    return f"redis://{auth}{servers.HOST}:{server.port}/0"
-
-
-@pytest.fixture
-def stock(redis_standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
-    """A client on the stock standalone server."""
-    client = redis_standalone.client()
-    yield client
-    client.close()
 
 
 # --------------------------------------------------------------------------- the command itself

@@ -46,6 +46,7 @@ from starlette.routing import Route  # noqa: E402
 import goblin_claim.asgi  # noqa: E402
 import goblin_claim.wsgi  # noqa: E402
 from goblin_claim.rq import idempotent_job  # noqa: E402
+from tests.cli.invoke import url  # noqa: E402
 
 SCRIPT = Path(sys.executable).parent / "goblin-claim"
 
@@ -53,11 +54,6 @@ SCRIPT = Path(sys.executable).parent / "goblin-claim"
 def cli(*argv: str) -> subprocess.CompletedProcess[str]:
     """The installed console script, as an operator runs it."""
     return subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=120, check=False)
-
-
-def url(server: servers.RedisProcess) -> str:
-    """The server's URL."""
-    return f"redis://{servers.HOST}:{server.port}/0"
 
 
 # The module-level functions below are decorated as a service decorates its own: their

@@ -23,29 +23,9 @@ import redis
 
 from goblin_claim import Claim, Claimed, idempotent
 from goblin_claim._cli.main import main
+from tests.cli.invoke import run, url
 from tests.conftest import unique
 from tests.support import servers
-
-
-def run(*argv: str, out: Any = None) -> tuple[int, str]:
-    """``goblin-claim argv...`` in process: the exit status and what it printed."""
-    out = out if out is not None else io.StringIO()
-    status = main(list(argv), out=out)
-    return status, out.getvalue() if isinstance(out, io.StringIO) else ""
-
-
-def url(server: servers.RedisProcess, user: str = "") -> str:
-    """The server's URL (with ``user:pw@`` when a user is given)."""
-    auth = f"{user}:pw@" if user else ""
-    return f"redis://{auth}{servers.HOST}:{server.port}/0"
-
-
-@pytest.fixture
-def stock(redis_standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
-    """A client on the stock standalone server."""
-    client = redis_standalone.client()
-    yield client
-    client.close()
 
 
 @pytest.fixture

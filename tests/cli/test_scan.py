@@ -7,7 +7,6 @@ by hand, as another writer or an older release (two keys per key) would leave th
 from __future__ import annotations
 
 import collections
-import io
 import json
 import os
 import subprocess
@@ -25,24 +24,12 @@ import redis.cluster
 from goblin_claim import Claim, Claimed, idempotent
 from goblin_claim._cli.connect import redacted
 from goblin_claim._cli.doctor import pubsub_metrics_finding
-from goblin_claim._cli.main import main
 from goblin_claim._cli.scan import classify, key_of, legacy_entry, owner_part, parse_name, scan_pattern
 from goblin_claim._decorator.fingerprint import FINGERPRINT_CHARS
 from goblin_claim._protocol.record import build_keys
+from tests.cli.invoke import run, url
 from tests.conftest import unique
 from tests.support import servers
-
-
-def run(*argv: str) -> tuple[int, str]:
-    """``goblin-claim argv...`` in process: the exit status and what it printed."""
-    out = io.StringIO()
-    status = main(list(argv), out=out)
-    return status, out.getvalue()
-
-
-def url(server: servers.RedisProcess) -> str:
-    """The server's URL."""
-    return f"redis://{servers.HOST}:{server.port}/0"
 
 
 def listing(*argv: str) -> tuple[int, dict[str, dict[str, Any]]]:
@@ -73,14 +60,6 @@ def cli(*argv: str, module: bool = False, **kwargs: Any) -> subprocess.Completed
     else:
         command = [str(Path(sys.executable).parent / "goblin-claim"), *argv]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, **kwargs)
-
-
-@pytest.fixture
-def stock(redis_standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
-    """A client on the stock standalone server."""
-    client = redis_standalone.client()
-    yield client
-    client.close()
 
 
 @pytest.fixture

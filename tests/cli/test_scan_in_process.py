@@ -5,38 +5,14 @@ Names it cannot parse, keys without a TTL, multi-round walks, and a read the ACL
 
 from __future__ import annotations
 
-import io
 import json
-from collections.abc import Iterator
 
-import pytest
 import redis
 
 from goblin_claim import Claim, Claimed
-from goblin_claim._cli.main import main
+from tests.cli.invoke import run, url
 from tests.conftest import unique
 from tests.support import servers
-
-
-def run(*argv: str) -> tuple[int, str]:
-    """``goblin-claim argv...`` in process: the exit status and what it printed."""
-    out = io.StringIO()
-    status = main(list(argv), out=out)
-    return status, out.getvalue()
-
-
-def url(server: servers.RedisProcess, user: str = "") -> str:
-    """The server's URL (with ``user:pw@`` when a user is given)."""
-    auth = f"{user}:pw@" if user else ""
-    return f"redis://{auth}{servers.HOST}:{server.port}/0"
-
-
-@pytest.fixture
-def stock(redis_standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
-    """A client on the stock standalone server."""
-    client = redis_standalone.client()
-    yield client
-    client.close()
 
 
 def rows(text: str) -> dict[str, list[str]]:

@@ -21,6 +21,7 @@ import redis
 import redis.cluster
 
 from goblin_claim import Claim, Claimed, ResultLostError, WrongTypeError
+from tests.cli.invoke import url
 from tests.conftest import unique
 from tests.support import servers
 
@@ -42,11 +43,6 @@ def environment(buffered: bool) -> dict[str, str]:
 
 # A closed pipe shows at a write when stdout is unbuffered, at a flush when it is buffered: both.
 BUFFERING = pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
-
-
-def url(server: servers.RedisProcess) -> str:
-    """The server's URL."""
-    return f"redis://{servers.HOST}:{server.port}/0"
 
 
 def quiet(stderr: str) -> None:
