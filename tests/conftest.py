@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -140,6 +141,26 @@ def in_thread(call: Callable[[], object], errors: list[ClaimLostError]) -> threa
     thread = threading.Thread(target=target)
     thread.start()
     return thread
+
+
+def until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds (looked at every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+async def until_async(condition: Callable[[], bool], timeout: float) -> bool:
+    """``until`` for a test on an event loop: the loop runs between looks."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 # --------------------------------------------------------------------------- real servers

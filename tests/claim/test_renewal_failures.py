@@ -8,8 +8,7 @@ Both drivers, on the session's standalone redis-server.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError
-from tests.conftest import record, unique
+from tests.conftest import record, unique, until, until_async
 from tests.support import servers
 from tests.support.proxy import FaultProxy
 
@@ -40,24 +39,6 @@ def raw(redis_standalone: servers.RedisProcess) -> Iterator[redis.Redis]:
     client.close()
 
 
-def _until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-async def _until_async(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
 def test_a_renewal_cut_on_the_wire_is_retried_and_the_claim_kept(proxy: FaultProxy, raw: redis.Redis) -> None:
     """Sync: the first renewal's connection is cut; the keep-alive renews again within the lease and completes."""
     client = redis.Redis(host=servers.HOST, port=proxy.port, retry=Retry(NoBackoff(), 0))
@@ -66,7 +47,7 @@ def test_a_renewal_cut_on_the_wire_is_retried_and_the_claim_kept(proxy: FaultPro
         assert isinstance(claim.acquire(), Claimed)
         proxy.faults.drop_before(claim.claim_key.encode())  # the next request naming the key: the renewal
         with claim.keep_alive(interval=1) as keeper:
-            assert _until(lambda: keeper.renewals >= 1, 15)
+            assert until(lambda: keeper.renewals >= 1, 15)
             assert not keeper.lost
         assert proxy.faults.dropped(claim.claim_key.encode()) == 1
         claim.complete(b"done")
@@ -85,7 +66,7 @@ def test_an_async_renewal_cut_on_the_wire_is_retried_and_the_claim_kept(proxy: F
             assert isinstance(await claim.acquire(), Claimed)
             proxy.faults.drop_before(claim.claim_key.encode())
             async with claim.keep_alive(interval=1) as keeper:
-                assert await _until_async(lambda: keeper.renewals >= 1, 15)
+                assert await until_async(lambda: keeper.renewals >= 1, 15)
                 assert not keeper.lost
             await claim.complete(b"done")
         finally:
@@ -109,10 +90,10 @@ def test_renewals_failing_for_the_whole_lease_lose_the_claim(proxy: FaultProxy, 
         assert isinstance(claim.acquire(), Claimed)
         _lost_setup(proxy, claim)
         with claim.keep_alive(interval=0.5) as keeper:
-            assert _until(lambda: keeper.lost, 15)
+            assert until(lambda: keeper.lost, 15)
             assert keeper.renewals == 0
         assert proxy.faults.dropped(claim.claim_key.encode()) >= 1
-        assert _until(lambda: raw.get(claim.claim_key) is None, 15)  # unrenewed, the lease lapsed on the server
+        assert until(lambda: raw.get(claim.claim_key) is None, 15)  # unrenewed, the lease lapsed on the server
         proxy.faults.clear()
         with pytest.raises(ClaimLostError):
             claim.complete(b"late")
@@ -131,9 +112,9 @@ def test_async_renewals_failing_for_the_whole_lease_lose_the_claim(proxy: FaultP
             assert isinstance(await claim.acquire(), Claimed)
             _lost_setup(proxy, claim)
             async with claim.keep_alive(interval=0.5) as keeper:
-                assert await _until_async(lambda: keeper.lost, 15)
+                assert await until_async(lambda: keeper.lost, 15)
                 assert keeper.renewals == 0
-            assert await _until_async(lambda: raw.get(claim.claim_key) is None, 15)
+            assert await until_async(lambda: raw.get(claim.claim_key) is None, 15)
             proxy.faults.clear()
             with pytest.raises(ClaimLostError):
                 await claim.complete(b"late")

@@ -8,8 +8,7 @@ not acknowledged (NotReplicatedError), which shows which node ran it. Both drive
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ import redis.cluster
 from redis.crc import key_slot
 
 from goblin_claim import AsyncClaim, Claim, Claimed, NotReplicatedError
-from tests.conftest import record, unique
+from tests.conftest import record, unique, until, until_async
 from tests.support import servers
 
 
@@ -75,77 +74,59 @@ def _held_on(node: servers.RedisProcess, claim_key: str, asking: bool = False) -
         client.close()
 
 
-def _sync_claim(nodes: list[servers.RedisProcess]) -> tuple[redis.cluster.RedisCluster, Claim]:
+def _redirect(nodes: list[servers.RedisProcess], claim_key: str, how: str) -> tuple[int, bool]:
+    """Move the claim's slot away (``moved``) or start migrating it (``ask``), after the client read the table.
+
+    Returns the node the claim must run on, and whether reading it there takes ``ASKING``.
+    """
+    owner, other = _owner_and_other(nodes, claim_key)
+    slot = key_slot(claim_key.encode())
+    if how == "moved":
+        _move(nodes, slot, other)
+    else:
+        _migrate(nodes, slot, owner)
+    return other, how == "ask"
+
+
+# MOVED: the slot moved after the client read the table, so the claim runs on the new owner,
+# not the old. ASK: the slot is migrating and the key is not on the source, so the claim is
+# asked of, and runs on, the importing node.
+REDIRECTS = ["moved", "ask"]
+
+
+@pytest.mark.parametrize("how", REDIRECTS)
+def test_a_replicated_claim_follows_its_slot(nodes: list[servers.RedisProcess], how: str) -> None:
+    """A claim with replicas follows MOVED to the slot's new owner and ASK to the importing node."""
     client = redis.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
-    return client, Claim(client, unique("moved"), replicas=1, replica_timeout_ms=50, lease=30)
-
-
-def test_a_replicated_claim_follows_moved_to_the_slots_new_owner(nodes: list[servers.RedisProcess]) -> None:
-    """The slot moved after the client read the table: the claim runs on the new owner, not the old."""
-    client, claim = _sync_claim(nodes)
+    claim = Claim(client, unique(how), replicas=1, replica_timeout_ms=50, lease=30)
     try:
         client.ping()  # the table is read
-        _, other = _owner_and_other(nodes, claim.claim_key)
-        _move(nodes, key_slot(claim.claim_key.encode()), other)
+        runs_on, asking = _redirect(nodes, claim.claim_key, how)
         with pytest.raises(NotReplicatedError):
             claim.acquire()
-        assert _held_on(nodes[other], claim.claim_key) == claim.token.encode()
+        assert _held_on(nodes[runs_on], claim.claim_key, asking=asking) == claim.token.encode()
     finally:
         client.close()
 
 
-def test_an_async_replicated_claim_follows_moved_to_the_slots_new_owner(nodes: list[servers.RedisProcess]) -> None:
+@pytest.mark.parametrize("how", REDIRECTS)
+def test_an_async_replicated_claim_follows_its_slot(nodes: list[servers.RedisProcess], how: str) -> None:
     """The asyncio twin."""
 
-    async def main() -> tuple[AsyncClaim, int]:
+    async def main() -> tuple[AsyncClaim, int, bool]:
         client = redis.asyncio.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
-        claim = AsyncClaim(client, unique("moved"), replicas=1, replica_timeout_ms=50, lease=30)
+        claim = AsyncClaim(client, unique(how), replicas=1, replica_timeout_ms=50, lease=30)
         try:
             await client.ping()
-            _, other = _owner_and_other(nodes, claim.claim_key)
-            _move(nodes, key_slot(claim.claim_key.encode()), other)
+            runs_on, asking = _redirect(nodes, claim.claim_key, how)
             with pytest.raises(NotReplicatedError):
                 await claim.acquire()
         finally:
             await client.aclose()
-        return claim, other
+        return claim, runs_on, asking
 
-    claim, other = asyncio.run(main())
-    assert _held_on(nodes[other], claim.claim_key) == claim.token.encode()
-
-
-def test_a_replicated_claim_follows_ask_to_the_importing_node(nodes: list[servers.RedisProcess]) -> None:
-    """The slot is migrating and the key is not on the source: the claim is asked of, and runs on, the target."""
-    client, claim = _sync_claim(nodes)
-    try:
-        client.ping()
-        owner, other = _owner_and_other(nodes, claim.claim_key)
-        _migrate(nodes, key_slot(claim.claim_key.encode()), owner)
-        with pytest.raises(NotReplicatedError):
-            claim.acquire()
-        assert _held_on(nodes[other], claim.claim_key, asking=True) == claim.token.encode()
-    finally:
-        client.close()
-
-
-def test_an_async_replicated_claim_follows_ask_to_the_importing_node(nodes: list[servers.RedisProcess]) -> None:
-    """The asyncio twin."""
-
-    async def main() -> tuple[AsyncClaim, int]:
-        client = redis.asyncio.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
-        claim = AsyncClaim(client, unique("asked"), replicas=1, replica_timeout_ms=50, lease=30)
-        try:
-            await client.ping()
-            owner, other = _owner_and_other(nodes, claim.claim_key)
-            _migrate(nodes, key_slot(claim.claim_key.encode()), owner)
-            with pytest.raises(NotReplicatedError):
-                await claim.acquire()
-        finally:
-            await client.aclose()
-        return claim, other
-
-    claim, other = asyncio.run(main())
-    assert _held_on(nodes[other], claim.claim_key, asking=True) == claim.token.encode()
+    claim, runs_on, asking = asyncio.run(main())
+    assert _held_on(nodes[runs_on], claim.claim_key, asking=asking) == claim.token.encode()
 
 
 # --------------------------------------------------------------------------- renewals of a migrated key
@@ -164,15 +145,6 @@ def _migrate_key(nodes: list[servers.RedisProcess], claim_key: str, source: int)
     _move(nodes, slot, target)
 
 
-def _until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_renewals_follow_a_key_migrated_to_another_node(nodes: list[servers.RedisProcess]) -> None:
     """The claim's slot moves to the other node while the keep-alive runs: it renews there, and the work completes."""
     client = redis.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
@@ -181,10 +153,10 @@ def test_renewals_follow_a_key_migrated_to_another_node(nodes: list[servers.Redi
         assert isinstance(claim.acquire(), Claimed)
         owner, other = _owner_and_other(nodes, claim.claim_key)
         with claim.keep_alive(interval=1) as keeper:
-            assert _until(lambda: keeper.renewals >= 1, 15)
+            assert until(lambda: keeper.renewals >= 1, 15)
             _migrate_key(nodes, claim.claim_key, owner)
             moved_at = keeper.renewals
-            assert _until(lambda: keeper.renewals >= moved_at + 2, 15)
+            assert until(lambda: keeper.renewals >= moved_at + 2, 15)
             assert not keeper.lost
         claim.complete(b"done")
         assert _held_on(nodes[other], claim.claim_key) == record(claim.token, b"done")
@@ -195,14 +167,6 @@ def test_renewals_follow_a_key_migrated_to_another_node(nodes: list[servers.Redi
 def test_async_renewals_follow_a_key_migrated_to_another_node(nodes: list[servers.RedisProcess]) -> None:
     """The asyncio twin."""
 
-    async def until(condition: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
-
     async def main() -> tuple[AsyncClaim, int]:
         client = redis.asyncio.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
         claim = AsyncClaim(client, unique("renewed"), lease=6)
@@ -210,10 +174,10 @@ def test_async_renewals_follow_a_key_migrated_to_another_node(nodes: list[server
             assert isinstance(await claim.acquire(), Claimed)
             owner, other = _owner_and_other(nodes, claim.claim_key)
             async with claim.keep_alive(interval=1) as keeper:
-                assert await until(lambda: keeper.renewals >= 1, 15)
+                assert await until_async(lambda: keeper.renewals >= 1, 15)
                 _migrate_key(nodes, claim.claim_key, owner)
                 moved_at = keeper.renewals
-                assert await until(lambda: keeper.renewals >= moved_at + 2, 15)
+                assert await until_async(lambda: keeper.renewals >= moved_at + 2, 15)
                 assert not keeper.lost
             await claim.complete(b"done")
         finally:
