@@ -30,6 +30,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import logging
 import os
 import re
 import signal
@@ -227,6 +228,21 @@ def sentinel_backend(name: str, group: servers.SentinelGroup) -> Backend:
         return sentinel.master_for(group.service, redis_class=_AsyncSentinelRedis, **kw)
 
     return Backend(name, native=False, make_sync=make_sync, make_async=make_async, is_server=True)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_as_it_was() -> Iterator[None]:
+    """Every test leaves the root logger as it found it.
+
+    Making a Litestar app (the manual's samples do) configures logging: the root
+    logger's level and handlers. Without this, a test that reads the log would
+    depend on which test ran before it in the same process.
+    """
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -90,16 +90,6 @@ def fresh_log() -> Iterator[None]:
     _http._logged.clear()
 
 
-@pytest.fixture
-def root_logging() -> Iterator[None]:
-    """The root logger as it was: a Litestar app configures logging (the root's handlers) when it is made."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
 # --------------------------------------------------------------------------- one service on three frameworks
 
 
@@ -492,7 +482,6 @@ def test_the_readme_fastapi_sample_without_authentication(
     assert "readme_fastapi.user_id raised KeyError: 'user' at asgi.md (readme_fastapi):" in logged[0].getMessage()
 
 
-@pytest.mark.usefixtures("root_logging")
 def test_the_readme_litestar_sample(redis_standalone: servers.RedisProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     """As written: required=True refuses a keyless order, runs a keyed one once, and runs the webhook every time."""
     monkeypatch.setenv("REDIS_URL", f"redis://{servers.HOST}:{redis_standalone.port}/0")

@@ -79,6 +79,7 @@ def test_debug_logs_one_line_per_operation_with_fields_and_no_secrets(
 def test_nothing_is_logged_below_warning_by_default(client: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
     """With loggers at WARNING, the happy path logs nothing at all."""
     Claim(client, unique()).acquire()  # the client's INFO probe line is not the point here
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="goblin_claim"):
         claim = Claim(client, unique())
         claim.acquire()
@@ -169,7 +170,8 @@ def test_a_lost_lease_and_a_failing_renewal_are_warnings(own_server: object, cap
     client = server.client()
     try:
         claim = Claim(client, unique(), lease=2)
-        claim.acquire()
+        claim.acquire()  # the client's INFO probe line is not the point here
+        caplog.clear()
         with caplog.at_level(logging.WARNING, logger="goblin_claim.keepalive"):
             with claim.keep_alive(interval=0.2) as keeper:
                 # From now on the server refuses every script: each renewal fails with NOPERM.
