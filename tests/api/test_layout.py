@@ -19,7 +19,7 @@ PACKAGE = Path(goblin_claim.__file__).parent
 CLIENT_LIBRARIES = frozenset({"redis", "valkey", "glide", "glide_sync"})
 DOORS = frozenset({"asgi", "wsgi", "django", "flask", "celery", "rq", "dramatiq", "arq", "otel"})
 # What a door may take from another door (its own framework's adapter of the same rules): none.
-PACKAGES = ("_protocol", "_clients", "_drivers", "_decorator", "_cli")
+PACKAGES = ("_protocol", "_clients", "_drivers", "_decorator", "_http", "_cli")
 
 
 def _module_name(path: Path) -> str:

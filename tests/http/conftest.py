@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from goblin_claim import _http
+from goblin_claim._http import failures
 
 
 @pytest.fixture
 def fresh_log() -> Iterator[None]:
     """No failing scope or routes function logged yet: the log is once per process and cause."""
-    _http._logged.clear()
+    failures._logged.clear()
     yield
-    _http._logged.clear()
+    failures._logged.clear()

@@ -29,6 +29,7 @@ import redis
 import redis.asyncio
 
 from goblin_claim import _http
+from goblin_claim._http import failures
 from goblin_claim.asgi import IdempotencyMiddleware, Message, Receive, Scope, Send, idempotency_key
 from tests.conftest import IN_CI, unique
 from tests.support import servers
@@ -85,9 +86,9 @@ def stored_keys(port: int, namespace: str, needle: str) -> list[bytes]:
 @pytest.fixture
 def fresh_log() -> Iterator[None]:
     """No failing scope function logged yet: the log is once per process and cause."""
-    _http._logged.clear()
+    failures._logged.clear()
     yield
-    _http._logged.clear()
+    failures._logged.clear()
 
 
 # --------------------------------------------------------------------------- one service on three frameworks

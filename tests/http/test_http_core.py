@@ -18,6 +18,7 @@ from goblin_claim._http import (
     abandoned_payload,
     claim_token,
     documented,
+    failures,
     holder_fp,
     idempotency_key,
     key_of,
@@ -37,9 +38,9 @@ from goblin_claim._http import (
 @pytest.fixture(autouse=True)
 def _fresh_log_once() -> Iterator[None]:
     """Each test starts with no failing function logged yet (the log is once per process and cause)."""
-    _http._logged.clear()
+    failures._logged.clear()
     yield
-    _http._logged.clear()
+    failures._logged.clear()
 
 
 @pytest.mark.parametrize(

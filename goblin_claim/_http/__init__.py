@@ -1,0 +1,145 @@
+"""The Idempotency-Key rules every HTTP door shares, in plain values: imports no redis and no web framework."""
+
+# What is a key and whose it is, what a request's fingerprint covers, which answers
+# are kept, what a duplicate gets back, and the problem answers: all decided here, in
+# plain values. The doors (goblin_claim.asgi, goblin_claim.wsgi, goblin_claim.django,
+# goblin_claim.flask) only read requests, hold the claim and write responses; none of
+# them decides anything this package decides.
+#
+# One module per concern: what is stored (stored), answers (answers), the options
+# (options), which routes take a key (routes), a scope or routes function that fails
+# (failures), the request's side (request), the response's side (response). They import
+# one another by module, never this package; the doors read every rule here, as
+# _http.NAME. State set at run time stays in its module: the log-once set in failures,
+# whether any endpoint is marked in routes (read through any_marked()).
+
+from .._protocol.record import holder_fp
+from .answers import (
+    ABANDONED,
+    IN_FLIGHT,
+    LOST,
+    MISMATCH,
+    NO_OWNER,
+    RESULT_LOST,
+    RETRY_AFTER,
+    UNAVAILABLE,
+    Answer,
+    Headers,
+    documented,
+    problem,
+)
+from .failures import misconfigured
+from .options import (
+    DEFAULT_NEVER_REPLAYED,
+    DEFAULT_RELEASE_STATUSES,
+    DEFAULT_REPLAY_HEADERS,
+    DEFAULT_STREAM_TYPES,
+    DEFAULTS,
+    DOOR_OPTIONS,
+    FINGERPRINTS,
+    HOP_BY_HOP,
+    KEY_RULES,
+    MAX_BYTES_LIMIT,
+    NEVER_REPLAYED,
+    SAFE_METHODS,
+    DoorOptions,
+    KeyRule,
+    Options,
+    check_rule,
+    make_options,
+)
+from .request import (
+    MAX_KEY_LENGTH,
+    claim_name,
+    claim_token,
+    declared_length,
+    fingerprint,
+    in_flight,
+    owner_of,
+    parse_key,
+    request_fingerprint,
+    too_large_detail,
+)
+from .response import CUT_STREAM, apassed_through, passed_through, streamed_reason
+from .routes import MARK, OPT_KEY, any_marked, idempotency_key, key_of, key_rule, marked_rule
+from .stored import (
+    ENVELOPE,
+    NO_BODY_STATUSES,
+    REPLAYED_HEADER,
+    STORE_WINDOW,
+    UNSTORED_HEADER,
+    AbandonedRequest,
+    StoredResponse,
+    UnstoredResponse,
+    abandoned_payload,
+    replay,
+    stored_payload,
+    unstored_payload,
+)
+
+__all__ = [
+    "ABANDONED",
+    "CUT_STREAM",
+    "DEFAULTS",
+    "DEFAULT_NEVER_REPLAYED",
+    "DEFAULT_RELEASE_STATUSES",
+    "DEFAULT_REPLAY_HEADERS",
+    "DEFAULT_STREAM_TYPES",
+    "DOOR_OPTIONS",
+    "ENVELOPE",
+    "FINGERPRINTS",
+    "HOP_BY_HOP",
+    "IN_FLIGHT",
+    "KEY_RULES",
+    "LOST",
+    "MARK",
+    "MAX_BYTES_LIMIT",
+    "MAX_KEY_LENGTH",
+    "MISMATCH",
+    "NEVER_REPLAYED",
+    "NO_BODY_STATUSES",
+    "NO_OWNER",
+    "OPT_KEY",
+    "REPLAYED_HEADER",
+    "RESULT_LOST",
+    "RETRY_AFTER",
+    "SAFE_METHODS",
+    "STORE_WINDOW",
+    "UNAVAILABLE",
+    "UNSTORED_HEADER",
+    "AbandonedRequest",
+    "Answer",
+    "DoorOptions",
+    "Headers",
+    "KeyRule",
+    "Options",
+    "StoredResponse",
+    "UnstoredResponse",
+    "abandoned_payload",
+    "any_marked",
+    "apassed_through",
+    "check_rule",
+    "claim_name",
+    "claim_token",
+    "declared_length",
+    "documented",
+    "fingerprint",
+    "holder_fp",
+    "idempotency_key",
+    "in_flight",
+    "key_of",
+    "key_rule",
+    "make_options",
+    "marked_rule",
+    "misconfigured",
+    "owner_of",
+    "parse_key",
+    "passed_through",
+    "problem",
+    "replay",
+    "request_fingerprint",
+    "stored_payload",
+    "streamed_reason",
+    "too_large_detail",
+    "unstored_payload",
+]

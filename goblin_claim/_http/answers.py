@@ -1,0 +1,77 @@
+"""Answers a door sends whole: ``Answer``, the RFC 9457 ``problem()`` and the words of each problem."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Final
+
+RETRY_AFTER: Final = b"1"
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole response a door sends as it is: a problem, or a replay."""
+
+    status: int
+    headers: Headers
+    body: bytes
+    code: str = ""  # a problem's kind, the fragment of its documentation link
+
+
+MISMATCH: Final = (
+    "this idempotency key was already used with a different request body or query string; "
+    "use a new key for a new request"
+)
+IN_FLIGHT: Final = "a request with this idempotency key is still being processed; retry after it finishes"
+LOST: Final = (
+    "this request ran, but its claim on the idempotency key lapsed and another request took it over; "
+    "retry to get the stored response"
+)
+UNAVAILABLE: Final = "the idempotency store is unavailable, so the request was not run; retry later"
+ABANDONED: Final = (
+    "a request with this idempotency key started running but ended without a whole response, so whether it took "
+    "effect is unknown; it is not run again: check the outcome, or use a new key to run it again"
+)
+RESULT_LOST: Final = (
+    "the first request with this idempotency key completed, but its stored response is missing; "
+    "an operator can reopen the key"
+)
+NO_OWNER: Final = (
+    "this request has no owner for its idempotency key (the scope function found no user or tenant), so it was "
+    "not run: authenticate, or have the idempotency middleware run after authentication"
+)
+
+
+_CODES: Final = {
+    400: "key-invalid", 403: "no-owner", 409: "in-flight", 413: "body-too-large", 422: "key-reused",
+    500: "result-unreadable", 503: "store-unavailable",
+}  # fmt: skip
+
+
+def problem(status: int, detail: str, *, retry: bool = False, code: str = "", docs: str | None = None) -> Answer:
+    """An RFC 9457 problem: ``application/problem+json`` with type, title, status and detail.
+
+    ``type`` is ``about:blank``, or ``<docs>#<code>`` with a documentation link
+    (the Idempotency-Key draft's SHOULD): one anchor per kind of problem.
+    """
+    code = code or _CODES.get(status, "error")
+    title = HTTPStatus(status).phrase
+    kind = f"{docs}#{code}" if docs else "about:blank"
+    body = json.dumps({"type": kind, "title": title, "status": status, "detail": detail}).encode()
+    headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+    if retry:
+        headers.append((b"retry-after", RETRY_AFTER))
+    return Answer(status, headers, body, code)
+
+
+def documented(answer: Answer, docs: str | None) -> Answer:
+    """``answer`` with its problem ``type`` linking to ``docs`` (a replay, or no link, is unchanged)."""
+    if not docs or not answer.code:
+        return answer
+    detail = json.loads(answer.body)["detail"]
+    retry = any(name == b"retry-after" for name, _ in answer.headers)
+    return problem(answer.status, detail, retry=retry, code=answer.code, docs=docs)
