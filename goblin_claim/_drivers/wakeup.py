@@ -40,6 +40,10 @@ _LINGER = 1.0
 _ONE_CONNECTION = "a pool of one connection, which the commands need"
 
 
+# The server's confirmation of a subscription: pub/sub is permitted here.
+_CONFIRMED = ("subscribe", "ssubscribe")
+
+
 def wake_kind(client: object) -> str:
     """How the scripts announce on ``client``'s server: sharded on a cluster.
 
@@ -218,19 +222,23 @@ class Wakeups:
                         return
                 changes = self._registry.take_changes()
             _apply(pubsub, self._sharded, changes)
-            if changes and not self._told:
-                self._told = True
-                _events.wakeups_found(self._client(), True)
             if not self._registry.watchers:
                 continue
-            message = read(ignore_subscribe_messages=waits, timeout=_TICK)
+            # Until the server has confirmed a subscription, its confirmations are read
+            # too: the subscribe call sends without reading, so a refusal (NOPERM) is
+            # only seen here, and "woken by pub/sub" is logged once it is confirmed.
+            message = read(ignore_subscribe_messages=waits and self._told, timeout=_TICK)
             if message is None and not waits:
                 time.sleep(_TICK)
-            if message and message.get("type") in ("message", "smessage"):
+            kind = message.get("type") if message else None
+            if kind in ("message", "smessage"):
                 with self._lock:
                     events = self._registry.events_of(message["channel"])
                 for event in events:
                     event.set()
+            elif kind in _CONFIRMED and not self._told:
+                self._told = True
+                _events.wakeups_found(self._client(), True)
 
 
 class AsyncWakeups:
@@ -276,16 +284,18 @@ class AsyncWakeups:
         try:
             while self._registry.watchers or self._registry.changes:
                 await _apply_async(pubsub, self._registry.take_changes())
-                if pubsub.subscribed and not self._told:
-                    self._told = True
-                    _events.wakeups_found(self._client(), True)
                 if not pubsub.subscribed:
                     await asyncio.sleep(_TICK)  # never spin the loop
                     continue
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_TICK)
-                if message and message.get("type") == "message":
+                # Confirmations are read until one came (see Wakeups._listen).
+                message = await pubsub.get_message(ignore_subscribe_messages=self._told, timeout=_TICK)
+                kind = message.get("type") if message else None
+                if kind == "message":
                     for event in self._registry.events_of(message["channel"]):
                         event.set()
+                elif kind in _CONFIRMED and not self._told:
+                    self._told = True
+                    _events.wakeups_found(self._client(), True)
         except Exception as exc:  # a lost connection, a closed client: the waiters poll meanwhile
             self._registry.refused = self._registry.refused or _is_refusal(exc)
             if self._registry.refused and not self._told:

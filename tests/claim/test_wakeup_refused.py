@@ -7,6 +7,7 @@ standalone redis-server; both drivers.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -15,7 +16,7 @@ import redis
 import redis.asyncio
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight
-from tests.conftest import unique
+from tests.conftest import unique, until
 from tests.support import servers
 
 PASSWORD = "no-pubsub-pw"
@@ -36,10 +37,14 @@ def no_pubsub_user(redis_standalone: servers.RedisProcess) -> Iterator[str]:
         admin.close()
 
 
+def _wakeup_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(r.wakeup, r.getMessage()) for r in caplog.records if r.name == "goblin_claim.wakeup"]  # type: ignore[attr-defined]
+
+
 def test_a_sync_waiter_refused_pub_sub_polls_and_gets_the_result(
-    redis_standalone: servers.RedisProcess, no_pubsub_user: str
+    redis_standalone: servers.RedisProcess, no_pubsub_user: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """SUBSCRIBE is refused (NOPERM): wait() polls on and returns the owner's result."""
+    """SUBSCRIBE is refused (NOPERM): wait() polls on and returns the owner's result, and the log says it polls."""
     raw = redis.Redis(host=servers.HOST, port=redis_standalone.port)
     client = redis.Redis(host=servers.HOST, port=redis_standalone.port, username=no_pubsub_user, password=PASSWORD)
     key, namespace = unique("order"), unique("ns")
@@ -51,17 +56,21 @@ def test_a_sync_waiter_refused_pub_sub_polls_and_gets_the_result(
         finisher = threading.Timer(1.0, owner.complete, args=(b"receipt",))
         finisher.start()
         try:
-            assert waiter.wait(timeout=20) == Completed(key=key, value=b"receipt")
+            with caplog.at_level(logging.INFO, logger="goblin_claim.wakeup"):
+                assert waiter.wait(timeout=20) == Completed(key=key, value=b"receipt")
+                until(lambda: bool(_wakeup_lines(caplog)), timeout=5)
         finally:
             finisher.join()
     finally:
         client.close()
         raw.close()
     assert owner.acquire() == Completed(key=key, value=b"receipt")
+    # Never "woken by pub/sub": the subscription was refused, not confirmed.
+    assert _wakeup_lines(caplog) == [("poll", "Redis: waiters poll (pub/sub refused)")]
 
 
 def test_an_async_waiter_refused_pub_sub_polls_and_gets_the_result(
-    redis_standalone: servers.RedisProcess, no_pubsub_user: str
+    redis_standalone: servers.RedisProcess, no_pubsub_user: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The asyncio twin: the subscriber's task is refused, wait() polls on and returns the result."""
     key, namespace = unique("order"), unique("ns")
@@ -89,4 +98,6 @@ def test_an_async_waiter_refused_pub_sub_polls_and_gets_the_result(
             await client.aclose()
             await raw.aclose()
 
-    assert asyncio.run(main()) == Completed(key=key, value=b"receipt")
+    with caplog.at_level(logging.INFO, logger="goblin_claim.wakeup"):
+        assert asyncio.run(main()) == Completed(key=key, value=b"receipt")
+    assert _wakeup_lines(caplog) == [("poll", "Redis: waiters poll (pub/sub refused)")]
