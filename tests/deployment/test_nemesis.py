@@ -26,6 +26,8 @@ def test_random_faults_keep_every_id_once(redis_server_binary: str, figures: Cal
     """30 s of seeded faults: no foreign exception, no unexplained double run, no stuck id, no late caller."""
     report = nemesis.run(nemesis.Settings(binary=redis_server_binary, seconds=30, rate=1.0, deadline=30))
     figures("nemesis: " + report.figures())
+    for line in report.broken:  # also in the figures, which the run's summary prints last
+        figures(f"nemesis BROKEN ({report.replay}): {line}")
     assert not report.broken, (
         f"replay: {report.replay}\n"
         + "\n".join(report.broken)
