@@ -10,10 +10,13 @@ The counts repeat from run to run within a fraction of a percent whatever else t
 machine does.
 
 Rows: ``@idempotent``'s first call with and without its keep-alive, the two raw
-round trips a first call needs (``EVALSHA`` claim, ``SET`` result), Powertools'
+round trips a first call needs (``EVALSHA`` claim, ``SET`` result), the same with
+the SDK's own store script (owner-checked and announced to waiters), Powertools'
 first call (when the ``peers`` group is installed: ``make bench-peers``), and a
 duplicate through ``@idempotent`` against a raw ``EVALSHA`` of the claim script
-that reads the same completed record.
+that reads the same completed record. Beside each, the server's time running the
+commands the calls sent (``INFO commandstats``), which a wall clock adds to the
+client's on a machine that runs both.
 
 Needs valgrind. Uses REDIS_URL, else starts a redis-server on a free port.
 
@@ -44,10 +47,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from overhead import server_url  # noqa: E402
 
 from goblin_claim import idempotent  # noqa: E402
-from goblin_claim._protocol.scripts import CLAIM  # noqa: E402
+from goblin_claim._protocol.scripts import CLAIM, COMPLETE  # noqa: E402
 
 WARM_UP = 200
-CONTENDERS = ("keep-alive", "no-keep-alive", "raw-first", "powertools", "duplicate", "raw-duplicate")
+CONTENDERS = ("keep-alive", "no-keep-alive", "raw-first", "raw-scripts", "powertools", "duplicate", "raw-duplicate")
 
 
 def charge(order_id: str) -> dict[str, object]:
@@ -72,6 +75,12 @@ def child(url: str, contender: str, calls: int) -> None:
             key = f"ins-raw:{{o-{run}-{next(ids)}}}"
             client.evalsha(sha, 2, key, key, "t", 30)
             client.set(key, b'{"status":"charged"}', ex=30)
+    elif contender == "raw-scripts":  # the SDK's own two scripts: the store owner-checked and announced
+        claim, complete = client.script_load(CLAIM.source), client.script_load(COMPLETE.source)
+        for _ in range(total):
+            key = f"ins-raws:{{o-{run}-{next(ids)}}}"
+            client.evalsha(claim, 2, key, key, "t", 30)
+            client.evalsha(complete, 2, key, key, "t", b'{"status":"charged"}', 86400, "done t", "publish")
     elif contender == "powertools":
         from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
         from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisCachePersistenceLayer
@@ -99,8 +108,15 @@ def child(url: str, contender: str, calls: int) -> None:
                 client.evalsha(sha, 2, record, record, "t", 30)
 
 
-def instructions(url: str, contender: str, calls: int, out: Path) -> int:
-    """Callgrind's total for one child run."""
+def server_time(url: str) -> float:
+    """Microseconds the server has spent running commands (INFO commandstats), INFO's own left out."""
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return float(sum(stat["usec"] for name, stat in stats.items() if name != "cmdstat_info"))
+
+
+def instructions(url: str, contender: str, calls: int, out: Path) -> tuple[int, float]:
+    """Callgrind's total for one child run, and the server's command time meanwhile."""
+    before = server_time(url)
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
          "--child", contender, "--url", url, "--calls", str(calls)],
@@ -109,13 +125,14 @@ def instructions(url: str, contender: str, calls: int, out: Path) -> int:
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:
         raise SystemExit(f"callgrind printed no total for {contender}:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    return int(found.group(1)), server_time(url) - before
 
 
-def per_call(url: str, contender: str, calls: int, scratch: Path) -> float:
-    base = instructions(url, contender, 0, scratch / f"{contender}.0")
-    loaded = instructions(url, contender, calls, scratch / f"{contender}.{calls}")
-    return (loaded - base) / calls
+def per_call(url: str, contender: str, calls: int, scratch: Path) -> tuple[float, float]:
+    """Client instructions and server command microseconds per call: a run of ``calls`` less a warm-up-only run."""
+    base, base_usec = instructions(url, contender, 0, scratch / f"{contender}.0")
+    loaded, loaded_usec = instructions(url, contender, calls, scratch / f"{contender}.{calls}")
+    return (loaded - base) / calls, (loaded_usec - base_usec) / calls
 
 
 def main() -> None:
@@ -131,13 +148,21 @@ def main() -> None:
         raise SystemExit("valgrind not found (Debian: apt-get install valgrind)")
     contenders = [c for c in CONTENDERS if c != "powertools" or importlib.util.find_spec("aws_lambda_powertools")]
     with server_url() as url, tempfile.TemporaryDirectory() as scratch:
-        counts = {c: per_call(url, c, args.calls, Path(scratch)) for c in contenders}
-    print(f"user-space instructions per call ({args.calls} calls after {WARM_UP} of warm-up, callgrind)")
-    for contender, count in counts.items():
-        print(f"  {contender:<14} {count / 1000:8.1f}k")
+        measured = {c: per_call(url, c, args.calls, Path(scratch)) for c in contenders}
+    counts = {c: count for c, (count, _) in measured.items()}
+    print(f"per call ({args.calls} calls after {WARM_UP} of warm-up): the client's user-space instructions")
+    print("(callgrind) and the server's time running its commands (INFO commandstats)")
+    for contender, (count, usec) in measured.items():
+        print(f"  {contender:<14} {count / 1000:8.1f}k   server {usec:5.1f} us")
     ka, nk = counts["keep-alive"], counts["no-keep-alive"]
     print(f"a keep-alive adds {ka - nk:,.0f} instructions to a first call: {(ka - nk) / ka:.1%} of it")
     print(f"first call against two raw round trips: {ka / counts['raw-first']:.2f}x the instructions")
+    server = {c: usec for c, (_, usec) in measured.items()}
+    print(
+        f"the server's time for a first call: {server['keep-alive']:.1f} us, for the SDK's two scripts sent raw "
+        f"{server['raw-scripts']:.1f} us, for EVALSHA + SET {server['raw-first']:.1f} us"
+        + (f", for Powertools' {server['powertools']:.1f} us" if "powertools" in server else "")
+    )
     if "powertools" in counts:
         print(f"Powertools' first call: {counts['powertools'] / ka:.2f}x the instructions of @idempotent's")
     print(f"a duplicate against raw EVALSHA: {counts['duplicate'] / counts['raw-duplicate']:.2f}x the instructions")
