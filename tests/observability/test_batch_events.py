@@ -28,7 +28,7 @@ from goblin_claim import (
 from goblin_claim._events import Event
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique
-from tests.observability.test_otel import Telemetry, _start
+from tests.observability.conftest import Telemetry
 from tests.support import servers
 
 
@@ -39,16 +39,6 @@ def events() -> Iterator[list[Event]]:
     goblin_claim.add_listener(seen.append)
     yield seen
     goblin_claim.remove_listener(seen.append)
-
-
-@pytest.fixture
-def otel() -> Iterator[Telemetry]:
-    """goblin-claim instrumented into fresh SDK providers for one test."""
-    telemetry, meter_provider = _start()
-    yield telemetry
-    goblin_claim.otel.uninstrument()
-    telemetry.tracer_provider.shutdown()
-    meter_provider.shutdown()
 
 
 def _unreachable() -> redis.Redis:

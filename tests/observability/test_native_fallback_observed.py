@@ -7,7 +7,6 @@ after a first native claim; the next claim falls back to the scripts and lands.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,17 +16,7 @@ import goblin_claim.otel
 from goblin_claim import Claim, Claimed
 from goblin_claim._events import Event
 from tests.conftest import unique
-from tests.observability.test_otel import Telemetry, _start
-
-
-@pytest.fixture
-def otel() -> Iterator[Telemetry]:
-    """goblin-claim instrumented into fresh SDK providers for one test."""
-    telemetry, meter_provider = _start()
-    yield telemetry
-    goblin_claim.otel.uninstrument()
-    telemetry.tracer_provider.shutdown()
-    meter_provider.shutdown()
+from tests.observability.conftest import Telemetry
 
 
 def test_native_commands_gone_after_the_probe_fall_back_to_the_scripts(

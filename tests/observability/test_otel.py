@@ -6,68 +6,18 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
 from opentelemetry import trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 import goblin_claim.otel
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, _events, idempotent
 from tests.conftest import unique
+from tests.observability.conftest import Telemetry, start_telemetry
 from tests.support.servers import HOST, RedisProcess
-
-
-@dataclass
-class Telemetry:
-    """The in-memory exporters an instrumented test reads back."""
-
-    spans: InMemorySpanExporter
-    metrics: InMemoryMetricReader
-    tracer_provider: TracerProvider
-
-    def finished(self, name: str | None = None) -> list[ReadableSpan]:
-        """Finished spans (named ``name``), in end order."""
-        return [s for s in self.spans.get_finished_spans() if name is None or s.name == name]
-
-    def points(self, metric: str) -> list[Any]:
-        """The data points of ``metric`` collected now."""
-        data = self.metrics.get_metrics_data()
-        found = []
-        for resource in data.resource_metrics if data else ():
-            for scope in resource.scope_metrics:
-                for item in scope.metrics:
-                    if item.name == metric:
-                        found += list(item.data.data_points)
-        return found
-
-
-def _start(record_keys: bool = False) -> tuple[Telemetry, MeterProvider]:
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
-    goblin_claim.otel.instrument(tracer_provider, meter_provider, record_keys=record_keys)
-    return Telemetry(exporter, reader, tracer_provider), meter_provider
-
-
-@pytest.fixture
-def otel() -> Iterator[Telemetry]:
-    """goblin-claim instrumented into fresh SDK providers for one test."""
-    telemetry, meter_provider = _start()
-    yield telemetry
-    goblin_claim.otel.uninstrument()
-    telemetry.tracer_provider.shutdown()
-    meter_provider.shutdown()
 
 
 @pytest.fixture
@@ -100,7 +50,7 @@ def test_operations_make_internal_spans_with_constant_names_and_no_keys(client: 
 
 def test_record_keys_adds_the_key_to_spans_only(client: redis.Redis) -> None:
     """instrument(record_keys=True) puts goblin_claim.key on spans, never on metric points."""
-    telemetry, meter_provider = _start(record_keys=True)
+    telemetry, meter_provider = start_telemetry(record_keys=True)
     try:
         key = unique()
         Claim(client, key).acquire()

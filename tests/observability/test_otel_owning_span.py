@@ -6,25 +6,11 @@ On fakeredis, read back through the SDK's in-memory exporters.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
-import pytest
-
-import goblin_claim.otel
 from goblin_claim import Claim, Claimed
 from goblin_claim.testing import fake_redis
 from tests.conftest import unique
-from tests.observability.test_otel import Telemetry, _start
-
-
-@pytest.fixture
-def otel() -> Iterator[Telemetry]:
-    """goblin-claim instrumented into fresh SDK providers for one test."""
-    telemetry, meter_provider = _start()
-    yield telemetry
-    goblin_claim.otel.uninstrument()
-    telemetry.tracer_provider.shutdown()
-    meter_provider.shutdown()
+from tests.observability.conftest import Telemetry
 
 
 def test_a_fenced_claims_span_carries_its_fence(otel: Telemetry) -> None:

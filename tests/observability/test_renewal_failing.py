@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,18 +20,8 @@ import goblin_claim.otel
 from goblin_claim import Claim, Claimed
 from goblin_claim._events import Event
 from tests.conftest import unique
-from tests.observability.test_otel import Telemetry, _start
+from tests.observability.conftest import Telemetry
 from tests.support import servers
-
-
-@pytest.fixture
-def otel() -> Iterator[Telemetry]:
-    """goblin-claim instrumented into fresh SDK providers for one test."""
-    telemetry, meter_provider = _start()
-    yield telemetry
-    goblin_claim.otel.uninstrument()
-    telemetry.tracer_provider.shutdown()
-    meter_provider.shutdown()
 
 
 def test_failing_renewals_are_warned_about_observed_and_retried(
