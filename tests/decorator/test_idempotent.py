@@ -36,7 +36,7 @@ from goblin_claim import (
     idempotent,
 )
 from goblin_claim.testing import fake_async_redis, fake_redis
-from tests.conftest import ALL_BACKENDS, Backend, Deco, in_thread, record, unique
+from tests.conftest import ALL_BACKENDS, Backend, Deco, in_thread, record, unique, until, until_async
 
 # Also on redis-server with the reference module loaded (the SDK takes the native path).
 BACKENDS = ALL_BACKENDS
@@ -825,30 +825,40 @@ def test_keep_alive_marks_a_lost_claim(driver_kind: str, backend: Backend) -> No
 
 
 def test_keep_alive_renews(driver_kind: str, backend: Backend) -> None:
-    """The keep-alive renews about every third of the lease and leaves the claim held."""
+    """The keep-alive renews every third of the lease (never sooner) and leaves the claim held.
+
+    It waits on the renewals themselves rather than a window: a loaded machine may
+    make them late, never early. A three-second lease leaves two seconds of slack.
+    """
     from goblin_claim import AsyncClaim, Claim
 
     if driver_kind == "sync":
         client = backend.sync()
-        claim = Claim(client, unique(), lease=1)
+        claim = Claim(client, unique(), lease=3)
+        began = time.monotonic()
         claim.acquire()
         with claim.keep_alive() as keeper:
-            time.sleep(2.2)
+            assert until(lambda: keeper.renewals >= 3 or keeper.lost, 30)
+            took = time.monotonic() - began
         assert not keeper.lost
-        assert keeper.renewals >= 4
+        assert took >= 2.9  # three renewals a second apart
         assert client.get(claim.claim_key) == claim.token.encode()
         return
 
     async def scenario() -> None:
         client = backend.async_()
-        claim = AsyncClaim(client, unique(), lease=1)
-        await claim.acquire()
-        async with claim.keep_alive() as keeper:
-            await asyncio.sleep(2.2)
-        assert not keeper.lost
-        assert keeper.renewals >= 4
-        assert await client.get(claim.claim_key) == claim.token.encode()
-        await client.aclose()
+        try:
+            claim = AsyncClaim(client, unique(), lease=3)
+            began = time.monotonic()
+            await claim.acquire()
+            async with claim.keep_alive() as keeper:
+                assert await until_async(lambda: keeper.renewals >= 3 or keeper.lost, 30)
+                took = time.monotonic() - began
+            assert not keeper.lost
+            assert took >= 2.9
+            assert await client.get(claim.claim_key) == claim.token.encode()
+        finally:
+            await client.aclose()
 
     asyncio.run(scenario())
 
@@ -858,7 +868,7 @@ def test_many_sync_keep_alives_share_one_renewer_thread(backend: Backend) -> Non
     from goblin_claim import Claim
 
     client = backend.sync()
-    claims = [Claim(client, unique(), lease=1) for _ in range(50)]
+    claims = [Claim(client, unique(), lease=3) for _ in range(50)]
     for claim in claims:
         claim.acquire()
     keepers: list[Any] = []
@@ -874,7 +884,7 @@ def test_many_sync_keep_alives_share_one_renewer_thread(backend: Backend) -> Non
     for thread in threads:
         thread.start()
     inside.wait()
-    time.sleep(1.2)
+    assert until(lambda: all(keeper.renewals >= 2 or keeper.lost for keeper in keepers), 30)
     renewers = [t for t in threading.enumerate() if t.name == "goblin-claim renewer"]
     inside.wait()
     for thread in threads:
@@ -895,8 +905,7 @@ def test_async_keep_alives_start_no_task_until_a_renewal_is_due(backend: Backend
         before = len(asyncio.all_tasks())
         async with claim.keep_alive() as keeper:
             assert len(asyncio.all_tasks()) == before
-            await asyncio.sleep(1.2)
-        assert keeper.renewals >= 1
+            assert await until_async(lambda: keeper.renewals >= 1, 30)
         await asyncio.sleep(0)
         assert len(asyncio.all_tasks()) == before
         await client.aclose()

@@ -15,9 +15,19 @@ from opentelemetry.trace import SpanKind
 
 import goblin_claim.otel
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, _events, idempotent
-from tests.conftest import unique
+from tests.conftest import unique, until, until_async
 from tests.observability.conftest import Telemetry, start_telemetry
 from tests.support.servers import HOST, RedisProcess
+
+
+def _renewals_under_this_span(otel: Telemetry) -> int:
+    """How many renewal spans have finished under the span current here (a decorated call's own).
+
+    A test waits on these rather than sleeping a window: a loaded machine makes
+    renewals late, and a call that ends before its first renewal has none.
+    """
+    here = trace.get_current_span().get_span_context().span_id
+    return sum(1 for r in otel.finished("goblin_claim.renew") if r.parent is not None and r.parent.span_id == here)
 
 
 @pytest.fixture
@@ -97,10 +107,10 @@ def test_decorated_call_span_parents_its_operations_and_renewals(client: redis.R
     """A decorated call is one goblin_claim.call span; its renewals on the renewer thread are its children."""
     runs = []
 
-    @idempotent(client, key="item", namespace=unique("ns"), lease=1)
+    @idempotent(client, key="item", namespace=unique("ns"), lease=3)
     def slow(item: str) -> str:
         runs.append(item)
-        time.sleep(1.2)  # a third of a one-second lease: at least two renewals
+        assert until(lambda: _renewals_under_this_span(otel) >= 2, 30)  # one a second
         return item
 
     assert slow("a") == "a"
@@ -123,9 +133,9 @@ def test_decorated_call_span_parents_its_operations_and_renewals(client: redis.R
 def test_renewals_of_two_calls_join_their_own_calls(client: redis.Redis, otel: Telemetry) -> None:
     """Two concurrent decorated calls: each renewal span has its own call's span as parent, never the other's."""
 
-    @idempotent(client, key="item", namespace=unique("ns"), lease=1)
+    @idempotent(client, key="item", namespace=unique("ns"), lease=3)
     def slow(item: str) -> str:
-        time.sleep(0.9)
+        assert until(lambda: _renewals_under_this_span(otel) >= 1, 30)
         return item
 
     threads = [threading.Thread(target=slow, args=(item,)) for item in ("p", "q")]
@@ -230,10 +240,10 @@ def test_async_operations_and_renewals_keep_their_context(redis_standalone: Redi
         client = redis.asyncio.Redis(host=HOST, port=redis_standalone.port)
         try:
 
-            @idempotent(client, key="item", namespace=unique("ns"), lease=1)
+            @idempotent(client, key="item", namespace=unique("ns"), lease=3)
             async def slow(item: str) -> str:
                 runs.append(item)
-                await asyncio.sleep(1.0)
+                assert await until_async(lambda: _renewals_under_this_span(otel) >= 1, 30)
                 return item
 
             other = AsyncClaim(client, unique())
