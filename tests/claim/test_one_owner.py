@@ -299,12 +299,12 @@ def test_a_claim_whose_reply_was_lost_is_claimed_once_and_never_by_two(wire: Wir
     """
     key = unique()
     token = SHARED if shared else None
-    handle = wire.claim(key, token=token, lease=1)
+    handle = wire.claim(key, token=token, lease=2)  # lapses within the wait below; holds through a stall
     wire.faults.lose_next_reply(handle.claim_key.encode())
     outcome = handle.acquire()
     assert wire.faults.lost(handle.claim_key.encode()) == 1
     assert wire.raw.get(handle.claim_key) == handle.token.encode()  # the first send did claim
-    other = wire.claim(key, token=handle.token, lease=1)
+    other = wire.claim(key, token=handle.token, lease=2)
     runs = 0
     if wire.direct:
         assert isinstance(outcome, Claimed)
@@ -314,7 +314,7 @@ def test_a_claim_whose_reply_was_lost_is_claimed_once_and_never_by_two(wire: Wir
         # redis-py's identical re-send cannot say it is one: the safe side.
         assert isinstance(outcome, InFlight)
         assert isinstance(other.acquire(), InFlight)
-        taken = handle.wait(timeout=5)  # the lease lapses, then this handle claims afresh
+        taken = handle.wait(timeout=15)  # the lease lapses, then this handle claims afresh
         assert isinstance(taken, Claimed)
         runs += 1
         assert isinstance(other.acquire(), InFlight)
