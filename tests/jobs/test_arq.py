@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI
-from tests.support.queue_workers import Worker, charges, first_pid, mid_run_line, python, ran_once, wait_until, workers
+from tests.support.queue_workers import (
+    Worker,
+    charges,
+    first_pid,
+    held_until_started,
+    mid_run_line,
+    python,
+    ran_once,
+    wait_until,
+    workers,
+)
 from tests.support.servers import RedisProcess
 
 if not IN_CI:
@@ -122,7 +132,7 @@ def test_a_duplicate_is_answered_when_the_first_completes(
 ) -> None:
     """A duplicate delivered mid-run (30 s lease) waits, gets the stored answer as the first completes, runs nothing."""
     worker()
-    data.set("pause:before:quick", 1.0)
+    data.set("pause:before:quick", "gate")
 
     async def go() -> tuple[list[Any], list[Any], float]:
         pool = await create_pool(
@@ -135,6 +145,10 @@ def test_a_duplicate_is_answered_when_the_first_completes(
             duplicate = await pool.enqueue_job("charge30", "quick", 5)
             assert first is not None
             assert duplicate is not None
+            started = f"arq:in-progress:{duplicate.job_id}"  # arq's own mark of a job a worker took
+            await asyncio.to_thread(
+                held_until_started, data, "quick", lambda: data.exists(started), "the duplicate to start"
+            )
             # The retry after the lease left would bring it back about 30 s later.
             results = [await job.result(timeout=15, poll_delay=0.05) for job in (first, duplicate)]
             answered_in = time.monotonic() - sent

@@ -14,7 +14,17 @@ import pytest
 
 from tests.conftest import IN_CI
 from tests.support.apps.jobs.common import marked
-from tests.support.queue_workers import Worker, charges, first_pid, mid_run_line, python, ran_once, wait_until, workers
+from tests.support.queue_workers import (
+    Worker,
+    charges,
+    first_pid,
+    held_until_started,
+    mid_run_line,
+    python,
+    ran_once,
+    wait_until,
+    workers,
+)
 from tests.support.servers import RedisProcess
 
 if not IN_CI:
@@ -102,11 +112,12 @@ def test_a_duplicate_is_answered_when_the_first_completes(
 ) -> None:
     """A duplicate delivered mid-run (30 s lease) waits, gets the stored answer as the first completes, runs nothing."""
     running = worker()
-    data.set("pause:before:quick", 1.0)
+    data.set("pause:before:quick", "gate")
     first = app.charge30.send("quick", 5)
     first_pid(data, "quick")
     sent = time.monotonic()
     duplicate = app.charge30.send("quick", 5)
+    held_until_started(data, "quick", lambda: data.exists(f"started:{duplicate.message_id}"), "the duplicate to start")
     answer = {"event_id": "quick", "amount": 5, "charge_number": 1}
     # The retry after the lease left would bring it back about 30 s later.
     assert _result(app, duplicate, timeout=15) == _result(app, first, timeout=15) == answer

@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI
-from tests.support.queue_workers import Worker, charges, first_pid, mid_run_line, python, ran_once, wait_until, workers
+from tests.support.queue_workers import (
+    Worker,
+    charges,
+    first_pid,
+    held_until_started,
+    mid_run_line,
+    python,
+    ran_once,
+    wait_until,
+    workers,
+)
 from tests.support.servers import RedisProcess
 
 if not IN_CI:
@@ -123,11 +133,14 @@ def test_a_duplicate_is_answered_when_the_first_completes(
 
     worker("w1")
     worker("w2")
-    data.set("pause:before:quick", 1.0)
+    data.set("pause:before:quick", "gate")
     first = queue.enqueue(charge30, "quick", 5)
     first_pid(data, "quick")
     sent = time.monotonic()
     duplicate = queue.enqueue(charge30, "quick", 5)
+    held_until_started(
+        data, "quick", lambda: duplicate.get_status(refresh=True) == JobStatus.STARTED, "the duplicate to start"
+    )
     answer = {"event_id": "quick", "amount": 5, "charge_number": 1}
     # The retry after the lease left would bring it back about 30 s later.
     assert _finish(duplicate, timeout=15) == _finish(first, timeout=15) == answer

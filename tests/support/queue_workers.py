@@ -115,6 +115,18 @@ def charges(client: redis.Redis, event_id: str) -> int:
     return int(client.get(f"charges:{event_id}") or 0)
 
 
+def held_until_started(client: redis.Redis, event_id: str, started: Callable[[], Any], what: str) -> None:
+    """Hold the first copy of ``event_id`` (gated before its side effect) until ``started()``, then let it go.
+
+    A duplicate is proven delivered mid-run by the queue's own record of its start,
+    not by a pause long enough on an idle machine: the first copy waits for it, and
+    half a second more, so that the duplicate is waiting on the claim when it ends.
+    """
+    wait_until(started, 30, what)
+    time.sleep(0.5)
+    client.set(f"gate:{event_id}", 1, ex=600)
+
+
 def ran_once(client: redis.Redis, event_id: str) -> float:
     """Assert a job and its duplicate charged once, the first copy alone running the function; when it returned."""
     assert charges(client, event_id) == 1

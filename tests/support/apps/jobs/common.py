@@ -1,7 +1,8 @@
 """What every test job does: count its side effect in Redis, and pause where a test kills it.
 
 The test arranges, per event id, ``pause:before:<id>`` / ``pause:after:<id>`` (seconds,
-taken once with GETDEL so only the first run pauses) and reads back ``charges:<id>``
+or ``gate`` to wait until the test sets ``gate:<id>``; taken once with GETDEL so only the
+first run pauses) and reads back ``charges:<id>``
 (how many times the side effect ran), ``pids:<id>`` (the processes that ran the job) and
 ``returned:<id>`` (when each run returned, Unix time). ``mark`` records when a queue's
 job copy started or finished, by its queue's id, for the latency figures.
@@ -36,19 +37,23 @@ def data() -> redis.Redis:
     return redis.Redis.from_url(url())
 
 
-def _pause(client: redis.Redis, name: str) -> None:
-    seconds = client.getdel(name)
-    if seconds is not None:
-        time.sleep(float(seconds))
+def _pause(client: redis.Redis, name: str, event_id: str) -> None:
+    pause = client.getdel(name)
+    if pause == b"gate":  # until the test opens it, or 30 s
+        deadline = time.monotonic() + 30
+        while not client.exists(f"gate:{event_id}") and time.monotonic() < deadline:
+            time.sleep(0.01)
+    elif pause is not None:
+        time.sleep(float(pause))
 
 
 def charge_card(event_id: str, amount: int) -> Receipt:
     """The side effect, counted; pauses before and after it when the test asked for it."""
     client = data()
     client.rpush(f"pids:{event_id}", os.getpid())
-    _pause(client, f"pause:before:{event_id}")
+    _pause(client, f"pause:before:{event_id}", event_id)
     number = int(client.incr(f"charges:{event_id}"))
-    _pause(client, f"pause:after:{event_id}")
+    _pause(client, f"pause:after:{event_id}", event_id)
     client.rpush(f"returned:{event_id}", time.time())
     return Receipt(event_id=event_id, amount=amount, charge_number=number)
 
