@@ -31,7 +31,7 @@ from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, idempotent
 from goblin_claim._drivers.keepalive import COALESCE
 from goblin_claim._protocol.scripts import EXTEND
 from goblin_claim._protocol.timing import lease_margin
-from tests.conftest import in_thread, missing, unique
+from tests.conftest import in_thread, missing, unique, until, until_async
 from tests.support import servers
 from tests.support.proxy import FaultProxy
 from tests.support.servers import HOST, RedisProcess
@@ -458,8 +458,8 @@ def test_a_black_holed_connection_does_not_stop_later_renewals_of_its_client(
                 while not stuck.lost:
                     time.sleep(0.02)
             assert isinstance(second.acquire(), Claimed)
-            with second.keep_alive() as kept:
-                time.sleep(2.5)  # the first connection is still held meanwhile
+            with second.keep_alive() as kept:  # the first connection is still held meanwhile
+                assert until(lambda: kept.renewals >= 2 or kept.lost, 30)
             held = client.get(second.claim_key)
             client.close()
         else:
@@ -474,7 +474,7 @@ def test_a_black_holed_connection_does_not_stop_later_renewals_of_its_client(
                         await asyncio.sleep(0.02)
                 assert isinstance(await second.acquire(), Claimed)
                 async with second.keep_alive() as kept:
-                    await asyncio.sleep(2.5)
+                    assert await until_async(lambda: kept.renewals >= 2 or kept.lost, 30)
                 held = await client.get(second.claim_key)
                 await client.aclose()
                 return stuck, kept, held, second
@@ -529,7 +529,7 @@ def test_renewals_due_together_go_out_as_one_pipeline(own_server: Callable[..., 
         _count_pipelines(client, sizes, is_async=False)
         with contextlib.ExitStack() as stack:
             keepers = [stack.enter_context(claim.keep_alive()) for claim in claims]
-            time.sleep(2.5)  # two ticks
+            assert until(lambda: all(keeper.renewals >= 2 for keeper in keepers), 30)  # two ticks
         tokens = client.mget([claim.claim_key for claim in claims])
         client.close()
     else:
@@ -546,7 +546,7 @@ def test_renewals_due_together_go_out_as_one_pipeline(own_server: Callable[..., 
                 await asyncio.sleep(0.001)
             async with contextlib.AsyncExitStack() as stack:
                 keepers = [await stack.enter_async_context(claim.keep_alive()) for claim in claims]
-                await asyncio.sleep(2.5)
+                assert await until_async(lambda: all(keeper.renewals >= 2 for keeper in keepers), 30)
             tokens = await client.mget([claim.claim_key for claim in claims])
             await client.aclose()
             return keepers, tokens
@@ -563,7 +563,7 @@ def test_renewals_survive_a_flushed_script_cache(own_server: Callable[..., Redis
     """SCRIPT FLUSH under running keep-alives: the pipeline falls back to EVAL and renewals go on."""
     server = own_server()
     admin = server.client()
-    lease = 1
+    lease = 2  # renewals every 0.67 s; a stalled second does not lapse it
     if kind == "sync":
         client = redis.Redis(host=HOST, port=server.port)
         claims = [Claim(client, unique(), lease=lease) for _ in range(5)]
@@ -571,7 +571,8 @@ def test_renewals_survive_a_flushed_script_cache(own_server: Callable[..., Redis
             assert isinstance(claim.acquire(), Claimed)
         with contextlib.ExitStack() as stack:
             keepers = [stack.enter_context(claim.keep_alive()) for claim in claims]
-            for _ in range(4):
+            deadline = time.monotonic() + 30
+            while not all(k.renewals >= 4 or k.lost for k in keepers) and time.monotonic() < deadline:
                 time.sleep(0.5)
                 admin.script_flush()
         tokens = client.mget([claim.claim_key for claim in claims])
@@ -585,7 +586,8 @@ def test_renewals_survive_a_flushed_script_cache(own_server: Callable[..., Redis
                 assert isinstance(await claim.acquire(), Claimed)
             async with contextlib.AsyncExitStack() as stack:
                 keepers = [await stack.enter_async_context(claim.keep_alive()) for claim in claims]
-                for _ in range(4):
+                deadline = time.monotonic() + 30
+                while not all(k.renewals >= 4 or k.lost for k in keepers) and time.monotonic() < deadline:
                     await asyncio.sleep(0.5)
                     admin.script_flush()
             tokens = await client.mget([claim.claim_key for claim in claims])
@@ -604,7 +606,7 @@ def test_a_forked_child_renews_with_its_own_renewer(own_server: Callable[..., Re
     """A child forked while the parent renews starts fresh: its keep-alive renews; the parent's keeps going."""
     server = own_server()
     client = redis.Redis(host=HOST, port=server.port)
-    parent = Claim(client, unique(), lease=1)
+    parent = Claim(client, unique(), lease=3)
     assert isinstance(parent.acquire(), Claimed)
     with parent.keep_alive() as kept:
         time.sleep(0.5)  # the renewer and a lane are running now
@@ -613,15 +615,15 @@ def test_a_forked_child_renews_with_its_own_renewer(own_server: Callable[..., Re
             code = 1
             try:
                 child_client = redis.Redis(host=HOST, port=server.port)
-                child = Claim(child_client, unique(), lease=1)
+                child = Claim(child_client, unique(), lease=3)
                 child.acquire()
                 with child.keep_alive() as keeper:
-                    time.sleep(1.2)
+                    until(lambda: keeper.renewals >= 2 or keeper.lost, 30)
                 code = 0 if keeper.renewals >= 2 and not keeper.lost else 2
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
-        time.sleep(0.8)
+        until(lambda: kept.renewals >= 3 or kept.lost, 30)
     client.close()
     assert os.waitstatus_to_exitcode(status) == 0
     assert kept.renewals >= 3
