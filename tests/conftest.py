@@ -28,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import inspect
 import itertools
 import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -228,6 +230,36 @@ def sentinel_backend(name: str, group: servers.SentinelGroup) -> Backend:
         return sentinel.master_for(group.service, redis_class=_AsyncSentinelRedis, **kw)
 
     return Backend(name, native=False, make_sync=make_sync, make_async=make_async, is_server=True)
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Note on the item that its test failed, for the clean-up below."""
+    report = yield
+    if report.when == "call" and report.failed:  # type: ignore[attr-defined]
+        item.stash[_FAILED] = True
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _a_failed_test_collects_its_own_garbage(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that failed has its garbage collected in its own teardown.
+
+    A failed assertion skips the test's own clean-up (an asyncio client's
+    ``aclose()``): the client's transports, in reference cycles with the failure's
+    frames, would otherwise be collected during some later test, whose
+    unraisable-exception warning would fail it too. Collected here, they are
+    reported on the test that left them.
+    """
+    yield
+    if request.node.stash.get(_FAILED, False):
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+            with contextlib.suppress(AttributeError):
+                delattr(sys, name)
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)
