@@ -70,8 +70,31 @@ from .._protocol.scripts import EXTEND, SET_IFEQ, owner_check, owner_check_comma
 from .._protocol.timing import lease_margin, renew_interval, retry_delay
 
 if TYPE_CHECKING:
-    from .aio import AsyncClaim
-    from .sync import Claim
+    from typing import Protocol
+
+    class _Held(Protocol):
+        """A claim handle as a keep-alive reads it: ``Claim`` or ``AsyncClaim``, by what it has.
+
+        So this module imports neither driver, not even for the type checker.
+        """
+
+        key: str
+        claim_key: str
+        token: str
+        lease: int
+        _client: Any
+        _native: Any
+        _mine_until: float
+
+    class Renewable(_Held, Protocol):
+        """A sync handle: ``Claim``, which renews with ``_extend``."""
+
+        def _extend(self, lease: int | None, persist: bool = True) -> None: ...
+
+    class AsyncRenewable(_Held, Protocol):
+        """An asyncio handle: ``AsyncClaim``, which renews with ``await _extend``."""
+
+        async def _extend(self, lease: int | None, persist: bool = True) -> None: ...
 
     # What one renewal came to: renewed (True), not held (False), or a failure.
     Outcome = Union[bool, GoblinClaimError]  # noqa: UP007 -- a run-time alias on 3.10
@@ -87,7 +110,7 @@ COALESCE: Final = 0.02
 _IDLE: Final = 10.0
 
 
-def _renewed(claims: Sequence[Claim | AsyncClaim]) -> list[tuple[str | bytes | int, ...]]:
+def _renewed(claims: Sequence[Renewable | AsyncRenewable]) -> list[tuple[str | bytes | int, ...]]:
     """The commands that renew ``claims`` to their full lease: ``SET ... IFEQ`` where the server has it, else EXTEND."""
     commands = []
     for c in claims:
@@ -98,7 +121,7 @@ def _renewed(claims: Sequence[Claim | AsyncClaim]) -> list[tuple[str | bytes | i
 
 
 def _again(
-    claims: Sequence[Claim | AsyncClaim], sent: Sequence[tuple[object, ...]], replies: list[object]
+    claims: Sequence[Renewable | AsyncRenewable], sent: Sequence[tuple[object, ...]], replies: list[object]
 ) -> list[int]:
     """The renewals to send again as the script: refused unrun (NOSCRIPT, or an owner check, as ``Claim._call``)."""
     again = []
@@ -116,7 +139,7 @@ def _again(
     return again
 
 
-def _read(claim: Claim | AsyncClaim, reply: object) -> Outcome:
+def _read(claim: Renewable | AsyncRenewable, reply: object) -> Outcome:
     """One renewal's reply: 1 or OK renewed, 0 or nil not held; an error reply becomes the driver's error."""
     if isinstance(reply, ERRORS):
         return translate(reply, claim.key, claim.claim_key)
@@ -128,7 +151,7 @@ def _first_error(replies: Sequence[object]) -> BaseException | None:
     return next((r for r in replies if isinstance(r, ERRORS)), None)
 
 
-def _batch_failed(claims: Sequence[Claim | AsyncClaim], exc: BaseException) -> list[Outcome]:
+def _batch_failed(claims: Sequence[Renewable | AsyncRenewable], exc: BaseException) -> list[Outcome]:
     """Every claim's outcome when the whole round trip failed (a dropped connection, a timeout)."""
     return [translate(exc, c.key, c.claim_key) for c in claims]
 
@@ -144,7 +167,7 @@ class _Renewal:
         renewals: How many renewals succeeded.
     """
 
-    def __init__(self, claim: Claim | AsyncClaim, interval: float | None) -> None:
+    def __init__(self, claim: Renewable | AsyncRenewable, interval: float | None) -> None:
         # renew_interval's default, a third of the lease, without its call: every first call makes one.
         self.interval = claim.lease / 3 if interval is None else renew_interval(claim.lease, interval, claim.key)
         self.lost = False
@@ -167,7 +190,7 @@ class _Renewal:
         return lease_margin(self._lease)
 
 
-def lease_left(claim: Claim | AsyncClaim) -> float:
+def lease_left(claim: Renewable | AsyncRenewable) -> float:
     """Seconds ``claim``'s lease has left, counted from before the claim was sent.
 
     Where the handle knows when that was (``_mine_until``, on the monotonic clock);
@@ -183,7 +206,7 @@ def lease_left(claim: Claim | AsyncClaim) -> float:
 class KeepAlive(_Renewal):
     """Renews a ``Claim``'s lease from the process's renewer while the ``with`` block runs."""
 
-    def __init__(self, claim: Claim, interval: float | None = None) -> None:
+    def __init__(self, claim: Renewable, interval: float | None = None) -> None:
         super().__init__(claim, interval)
         self._claim = claim
         self._number = -1
@@ -231,7 +254,7 @@ class _Lane:
         self.retired = False  # set aside, stuck on the wire; its thread ends when the reply comes
 
 
-def _lane_target(claim: Claim) -> tuple[tuple[int, str], Any]:
+def _lane_target(claim: Renewable) -> tuple[tuple[int, str], Any]:
     """The lane ``claim``'s renewals take, and the client its pipelines go through.
 
     A cluster client's lanes are its nodes: a pipeline of keys on one node is one
@@ -246,7 +269,7 @@ def _lane_target(claim: Claim) -> tuple[tuple[int, str], Any]:
     return (id(client), ""), client
 
 
-def _send_sync(client: Any, claims: Sequence[Claim]) -> list[Outcome]:
+def _send_sync(client: Any, claims: Sequence[Renewable]) -> list[Outcome]:
     """Renew ``claims`` in one pipeline on ``client``, in order; nothing raised."""
     try:
         commands = _renewed(claims)
@@ -273,7 +296,7 @@ def _send_sync(client: Any, claims: Sequence[Claim]) -> list[Outcome]:
     return outcomes
 
 
-def _extend_one(claim: Claim) -> Outcome:
+def _extend_one(claim: Renewable) -> Outcome:
     try:
         claim._extend(None, persist=False)  # once: this lane retries on its own clock
     except ClaimLostError:
@@ -560,7 +583,7 @@ class _AsyncBatch:
             keeper._settle(outcome, now, done)
 
 
-async def _send_async(claims: Sequence[AsyncClaim]) -> list[Outcome]:
+async def _send_async(claims: Sequence[AsyncRenewable]) -> list[Outcome]:
     """Renew ``claims`` (all of one client, one node) in one pipeline, in order; nothing raised."""
     client = claims[0]._client
     try:
@@ -588,7 +611,7 @@ async def _send_async(claims: Sequence[AsyncClaim]) -> list[Outcome]:
     return outcomes
 
 
-async def _extend_one_async(claim: AsyncClaim) -> Outcome:
+async def _extend_one_async(claim: AsyncRenewable) -> Outcome:
     try:
         await claim._extend(None, persist=False)
     except ClaimLostError:
@@ -607,7 +630,7 @@ async def _pipelined_async(client: Any, commands: Sequence[tuple[str | bytes | i
     return replies
 
 
-def _async_lane_key(claim: AsyncClaim) -> tuple[int, str]:
+def _async_lane_key(claim: AsyncRenewable) -> tuple[int, str]:
     client = claim._client
     if isinstance(client, ASYNC_CLUSTERS):
         try:
@@ -666,7 +689,7 @@ def _on_grid(at: float) -> float:
 class AsyncKeepAlive(_Renewal):
     """Renews an ``AsyncClaim``'s lease from its event loop while the ``async with`` block runs."""
 
-    def __init__(self, claim: AsyncClaim, interval: float | None = None) -> None:
+    def __init__(self, claim: AsyncRenewable, interval: float | None = None) -> None:
         super().__init__(claim, interval)
         self._claim = claim
         self._loop: asyncio.AbstractEventLoop | None = None

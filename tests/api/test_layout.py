@@ -29,11 +29,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, *, lazy: bool = True, typing_only: bool = True) -> set[str]:
+def _imports(path: Path, *, lazy: bool = True) -> set[str]:
     """Every module ``path`` imports, absolute.
 
-    ``lazy=False`` leaves out imports inside functions, ``typing_only=False`` those
-    under ``if TYPE_CHECKING:``.
+    ``lazy=False`` leaves out imports inside functions; those under ``if TYPE_CHECKING:``
+    always count.
     """
     name = _module_name(path)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
@@ -41,8 +41,6 @@ def _imports(path: Path, *, lazy: bool = True, typing_only: bool = True) -> set[
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if not typing_only and isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if (lazy or not inner) and isinstance(child, ast.Import):
                 found.update(alias.name for alias in child.names)
@@ -124,17 +122,10 @@ def test_no_door_imports_another_door(door: str) -> None:
     assert not imported & DOORS, imported & DOORS
 
 
-# The one circle left, for type annotations only: the keep-alives name the handles they renew
-# (``Claim``, ``AsyncClaim``), whose ``keep_alive()`` makes them. Checked to stay annotation-only.
-TYPING_ONLY = frozenset({"goblin_claim._drivers.keepalive"})
-
-
 def test_no_import_closes_a_circle() -> None:
-    """The import graph of the package, ``TYPE_CHECKING`` blocks included, has no cycle (but the one named)."""
+    """The import graph of the package, ``TYPE_CHECKING`` blocks included, has no cycle."""
     graph = {
-        name.removeprefix("goblin_claim."): {
-            m for m in _ours(_imports(path, lazy=False, typing_only=name not in TYPING_ONLY)) if m != name
-        }
+        name.removeprefix("goblin_claim."): {m for m in _ours(_imports(path, lazy=False)) if m != name}
         for name, path in MODULES.items()
     }
     graph = {name: {m for m in deps if m in graph and m != name} for name, deps in graph.items()}
@@ -158,10 +149,6 @@ def test_no_import_closes_a_circle() -> None:
     assert not cycles, [" -> ".join(cycle) for cycle in cycles]
 
 
-def test_the_keep_alives_name_the_handles_only_in_annotations() -> None:
-    """The circle ``test_no_import_closes_a_circle`` lets through is there for the type checker alone."""
-    path = MODULES["goblin_claim._drivers.keepalive"]
-    everything = _ours(_imports(path, lazy=False))
-    at_run_time = _ours(_imports(path, lazy=False, typing_only=False))
-    assert {"_drivers.sync", "_drivers.aio"} <= everything
-    assert not {"_drivers.sync", "_drivers.aio"} & at_run_time
+def test_the_keep_alives_import_no_handle_even_for_the_type_checker() -> None:
+    """The keep-alives name the handles they renew by what those have (protocols), so no circle needs a pass."""
+    assert not {"_drivers.sync", "_drivers.aio"} & _ours(_imports(MODULES["goblin_claim._drivers.keepalive"]))
