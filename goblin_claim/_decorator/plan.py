@@ -7,7 +7,6 @@ import hashlib
 import inspect
 import os
 import sys
-import time
 import types
 import typing
 import uuid
@@ -35,7 +34,6 @@ from .._protocol.checks import (
     describe,
 )
 from .._protocol.record import fingerprinted_token, holder_fp, new_token
-from .._protocol.timing import WaitSchedule
 from .codec import OTHER, Codec, ErrorEnvelope, UnstorableEnvelope, replayed
 from .fingerprint import FINGERPRINT_CHARS, FingerprintParameters, fingerprint_of, fingerprint_parameters
 
@@ -258,12 +256,6 @@ class _Spec:
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The idempotency key the arguments map to (no I/O)."""
         return self.prepare(args, kwargs).key
-
-    def store_schedule(self, call: _Call) -> WaitSchedule:
-        """How long the final write is retried: while the lease lasts."""
-        schedule = WaitSchedule(self.lease, call.key)
-        schedule.start(time.monotonic())
-        return schedule
 
     def check_holder(self, holder: object, call: _Call) -> None:
         """Raise ``PayloadMismatchError`` if the claim's holder ran with other arguments."""

@@ -18,12 +18,11 @@ goes on (``to_the_end``).
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import TYPE_CHECKING, Any
 
 from .. import _events
 from .._clients.transport import to_the_end
-from .._drivers.sync import Claim
+from .._drivers.sync import Claim, write_through
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -142,31 +141,24 @@ def store(
     caller is the only one left who has what it returned.
     """
     # A dropped connection, a demoted primary (READONLY), a WAIT cut short
-    # (UNBLOCKED), a restart (LOADING): none may drop the result. The write is
-    # owner-checked and safe to send twice, so it is retried while the lease lasts,
-    # on a new connection. The keep-alive stops while the first write is on the wire.
-    schedule = None
-    while True:
-        try:
-            claim._complete(payload, None if keeper is None else keeper._end)
-            return
-        except ClaimLostError as exc:
-            raise spec.lost(call, result, exc) from exc
-        except ConnectionFailedError as exc:  # ServerUnavailableError included
-            schedule = schedule or spec.store_schedule(call)  # made on the first failure only
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise spec.unstored(call, result, exc) from exc
-            time.sleep(delay)
-        except GoblinClaimError as exc:
-            # NotReplicatedError: stored on the primary, and replayed from there. Any
-            # other refusal (a size limit, OOM, a wrong type): nothing was stored.
-            exc.result = result
-            raise
-        except Exception as exc:  # not one of ours (a broken client): still the caller's result
-            raise ServerError(
-                f"{call.key!r} ran, but storing its result failed: {exc!r}", key=call.key, result=result
-            ) from exc
+    # (UNBLOCKED), a restart (LOADING) is retried while the lease lasts
+    # (write_through). The keep-alive stops while the first write is on the wire.
+    end = None if keeper is None else keeper._end
+    try:
+        write_through(lambda: claim._complete(payload, end), spec.lease, call.key)
+    except ClaimLostError as exc:
+        raise spec.lost(call, result, exc) from exc
+    except ConnectionFailedError as exc:  # ServerUnavailableError included, past the lease
+        raise spec.unstored(call, result, exc) from exc
+    except GoblinClaimError as exc:
+        # NotReplicatedError: stored on the primary, and replayed from there. Any
+        # other refusal (a size limit, OOM, a wrong type): nothing was stored.
+        exc.result = result
+        raise
+    except Exception as exc:  # not one of ours (a broken client): still the caller's result
+        raise ServerError(
+            f"{call.key!r} ran, but storing its result failed: {exc!r}", key=call.key, result=result
+        ) from exc
 
 
 def _release_quietly(claim: Claim) -> None:

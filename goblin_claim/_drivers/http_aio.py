@@ -5,11 +5,9 @@ Of the two flavours the asyncio one is written, the sync one generated from it (
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
-import time
 from typing import Any, Literal
 
 from .. import _http
@@ -25,9 +23,8 @@ from .._errors import (
 from .._events import key_digest
 from .._http import STORE_WINDOW, Answer, Options
 from .._outcomes import Completed, InFlight
-from .._protocol.timing import WaitSchedule
 from ._aio_primitives import CANCELLED, CLIENT_KIND, OTHER_DOOR
-from .aio import AsyncClaim
+from .aio import AsyncClaim, write_through
 
 logger = logging.getLogger("goblin_claim.asgi")
 
@@ -113,19 +110,9 @@ async def store(claim: AsyncClaim, payload: bytes, status: int, fp: str) -> Lite
 
 
 async def _complete(claim: AsyncClaim, payload: bytes) -> None:
-    # Owner-checked and safe to send twice, so a dropped connection is retried
-    # for a while (it also lands after the lease if nobody claimed the key since).
-    schedule = WaitSchedule(min(float(claim.lease), STORE_WINDOW), claim.key)
-    schedule.start(time.monotonic())
-    while True:
-        try:
-            await claim.complete(payload)
-            return
-        except ConnectionFailedError:
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise
-            await asyncio.sleep(delay)
+    # A dropped connection is retried for a while: the store window, at most the
+    # lease (it also lands after the lease if nobody claimed the key since).
+    await write_through(functools.partial(claim.complete, payload), min(float(claim.lease), STORE_WINDOW), claim.key)
 
 
 async def mark(claim: AsyncClaim, marker: bytes) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import time
 from typing import Any, Literal
 
 from .. import _http
@@ -25,9 +24,8 @@ from .._errors import (
 from .._events import key_digest
 from .._http import STORE_WINDOW, Answer, Options
 from .._outcomes import Completed, InFlight
-from .._protocol.timing import WaitSchedule
 from ._sync_primitives import CANCELLED, CLIENT_KIND, OTHER_DOOR
-from .sync import Claim
+from .sync import Claim, write_through
 
 logger = logging.getLogger("goblin_claim.wsgi")
 
@@ -113,19 +111,9 @@ def store(claim: Claim, payload: bytes, status: int, fp: str) -> Literal["stored
 
 
 def _complete(claim: Claim, payload: bytes) -> None:
-    # Owner-checked and safe to send twice, so a dropped connection is retried
-    # for a while (it also lands after the lease if nobody claimed the key since).
-    schedule = WaitSchedule(min(float(claim.lease), STORE_WINDOW), claim.key)
-    schedule.start(time.monotonic())
-    while True:
-        try:
-            claim.complete(payload)
-            return
-        except ConnectionFailedError:
-            delay = schedule.next_delay(time.monotonic())
-            if delay is None:
-                raise
-            time.sleep(delay)
+    # A dropped connection is retried for a while: the store window, at most the
+    # lease (it also lands after the lease if nobody claimed the key since).
+    write_through(functools.partial(claim.complete, payload), min(float(claim.lease), STORE_WINDOW), claim.key)
 
 
 def mark(claim: Claim, marker: bytes) -> None:

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     # Bookkeeping a caller runs while a round trip is on the wire rather than after it.
     Meanwhile = Union[Callable[[], object], None]  # noqa: UP007
 
-__all__ = ["Claim"]
+__all__ = ["Claim", "write_through"]
 
 T = TypeVar("T")
 
@@ -654,6 +654,30 @@ class Claim(ClaimBase["SyncClient"]):
                 raise
             raise failed(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
+
+
+def write_through(write: Callable[[], None], seconds: float, key: str) -> None:
+    """``write()``, sent again after a failed connection for up to ``seconds``: a result's last write.
+
+    A dropped connection, a demoted primary (``READONLY``), a restart (``LOADING``):
+    none may drop a result that ran. The write is owner-checked, so it is safe to
+    send twice, on a new connection. Past ``seconds`` from the first send the
+    ``ConnectionFailedError`` goes on; any other error goes on at once. The schedule
+    is made on the first failure only, so a write that lands costs a clock read.
+    """
+    first_sent = time.monotonic()
+    schedule: WaitSchedule | None = None
+    while True:
+        try:
+            return write()
+        except ConnectionFailedError:  # ServerUnavailableError included
+            if schedule is None:
+                schedule = WaitSchedule(seconds, key)
+                schedule.start(first_sent)
+            delay = schedule.next_delay(time.monotonic())
+            if delay is None:
+                raise
+        sleep(None, delay)
 
 
 def _send(
