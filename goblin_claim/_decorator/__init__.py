@@ -1,1 +1,1 @@
-"""``@idempotent``: the decorator, its plan, its sync and asyncio flows, the stored envelope, replay, fingerprints."""
+"""``@idempotent``: plan, flows, the stored envelope, replay, fingerprints. Imports the drivers and below."""

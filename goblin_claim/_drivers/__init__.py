@@ -1,1 +1,1 @@
-"""The drivers: ``Claim`` and ``AsyncClaim``, push wake-ups and keep-alives, over the client layer."""
+"""``Claim``, ``AsyncClaim``, wake-ups, keep-alives, the HTTP claim paths: over the handle, clients and ``_http``."""
