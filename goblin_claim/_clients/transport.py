@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio
 import redis.asyncio.connection
+import redis.asyncio.sentinel
+import redis.sentinel
 
 from .._protocol.scripts import SCRIPTS
 from .families import (
@@ -281,18 +283,28 @@ def _on_connection(pool: Any, attempt: Callable[[Any], T]) -> T:
 
     Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
     errors it retries (valkey-py: only those its ``retry_on_error`` lists),
-    disconnecting before each new try.
+    disconnecting before each new try; on a Sentinel primary's pool, each new try
+    goes to the primary the sentinels name then (``_redials``).
     """
     valkey_py = isinstance(pool, _VALKEY_POOLS)
     conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
+    redial = _redials(pool)
+    tries = 0
     try:
+
+        def once() -> T:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and redial:
+                conn.connect_to(pool.get_master_address())
+            return attempt(conn)
 
         def fail(error: Exception) -> None:
             conn.disconnect()
             if valkey_py and not _listed(conn, error):
                 raise error
 
-        result: T = conn.retry.call_with_retry(lambda: attempt(conn), fail)
+        result: T = conn.retry.call_with_retry(once, fail)
         return result
     finally:
         if not valkey_py and _NOTICES and conn.should_reconnect():
@@ -305,19 +317,43 @@ async def _on_connection_async(pool: Any, attempt: Callable[[Any], Awaitable[T]]
     """``_on_connection`` for an asyncio client's pool."""
     valkey_py = isinstance(pool, _VALKEY_POOLS)
     conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
+    redial = _redials(pool)
+    tries = 0
     try:
+
+        async def once() -> T:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and redial:
+                await conn.connect_to(await pool.get_master_address())
+            return await attempt(conn)
 
         async def fail(error: Exception) -> None:
             await conn.disconnect()
             if valkey_py and not _listed(conn, error):
                 raise error
 
-        result: T = await conn.retry.call_with_retry(lambda: attempt(conn), fail)
+        result: T = await conn.retry.call_with_retry(once, fail)
         return result
     finally:
         # No maintenance-notice reconnect here: redis-py's asyncio client makes one
         # only for single-connection clients, which never come this way.
         await pool.release(conn)
+
+
+_SENTINEL_POOLS = (redis.sentinel.SentinelConnectionPool, redis.asyncio.sentinel.SentinelConnectionPool)
+
+
+def _redials(pool: Any) -> bool:
+    """Whether a new try over ``pool`` must first ask the sentinels where the primary is.
+
+    A redis-py connection reconnected for a retry dials the address it had (only a
+    connection taken from the pool asks the sentinels; redis-py issue 3874), so
+    after a failover every try of one command went to the old primary, and a
+    result's last write could spend its whole lease there. valkey-py's Sentinel
+    connections ask on every reconnect themselves.
+    """
+    return isinstance(pool, _SENTINEL_POOLS) and bool(pool.is_master)
 
 
 def send_direct(

@@ -715,12 +715,14 @@ def _unrun(sends: Sends | None) -> None:
 
 
 async def _waited(client: AsyncClient, key: str, commands: Sequence[Args], sends: Sends | None = None) -> list[object]:
-    """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary."""
+    """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary.
+
+    Elsewhere as ``_pipelined`` sends them: over one pooled connection where
+    ``direct_pool`` allowed it (``sends`` then counts the tries), else in a pipeline.
+    """
     if isinstance(client, ASYNC_CLUSTERS):
-        replies = await node_round_async(client, key, commands, sends)
-    else:
-        replies = await _pipelined(client, commands, pipe=client.pipeline(transaction=False))
-    return replies
+        return await node_round_async(client, key, commands, sends)
+    return await _pipelined(client, commands, sends=sends)
 
 
 async def _round(

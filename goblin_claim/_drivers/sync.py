@@ -716,12 +716,14 @@ def _unrun(sends: Sends | None) -> None:
 
 
 def _waited(client: SyncClient, key: str, commands: Sequence[Args], sends: Sends | None = None) -> list[object]:
-    """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary."""
+    """``commands`` (a write and its WAIT) on one connection: on a cluster, one of ``key``'s primary.
+
+    Elsewhere as ``_pipelined`` sends them: over one pooled connection where
+    ``direct_pool`` allowed it (``sends`` then counts the tries), else in a pipeline.
+    """
     if isinstance(client, CLUSTERS):
-        replies = node_round(client, key, commands, sends)
-    else:
-        replies = _pipelined(client, commands, pipe=client.pipeline(transaction=False))
-    return replies
+        return node_round(client, key, commands, sends)
+    return _pipelined(client, commands, sends=sends)
 
 
 def _round(

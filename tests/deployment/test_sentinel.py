@@ -29,9 +29,9 @@ import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.retry
 import redis.sentinel
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ConstantBackoff, ExponentialWithJitterBackoff
 
-from goblin_claim import ClaimLostError, GoblinClaimError, StillInFlightError, idempotent
+from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, GoblinClaimError, StillInFlightError, idempotent
 from tests.conftest import unique
 from tests.support import servers
 
@@ -377,3 +377,85 @@ def test_frozen_primary_without_the_recipe_splits_answers_and_loses_results(
         f"callers got different answers, {len(lost_results(tally))} results lost, demoted "
         f"{timing['demoted']:.1f} s after SIGCONT, errors: {tally.describe_errors()}"
     )
+
+
+def _cut_off(group: servers.SentinelGroup) -> Callable[[], None]:
+    """Freeze the primary, so a command sent next waits on it; the returned call kills it (its sockets reset)."""
+    primary = group.by_port(group.primary_port())
+    primary.process.send_signal(signal.SIGSTOP)
+    return lambda: primary.process.send_signal(signal.SIGKILL)
+
+
+# A Retry that outlasts the failover (about 2-3 s here) by far: whether a try reaches the
+# new primary is then down to where it dials, not to how long the budget is.
+PATIENT = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_a_claim_cut_off_by_the_primary_s_death_is_retried_on_the_new_primary(
+    group: servers.SentinelGroup, figures: Figures, replicas: int
+) -> None:
+    """A claim on the wire when the primary dies: each retry asks the sentinels, so one lands on the new primary.
+
+    redis-py's own retry of a command re-dials the dead primary's address for every try
+    (its reconnect skips the sentinels), so ``execute_command`` runs out of tries even
+    after the failover; goblin-claim's round trips re-ask the sentinels before each.
+    """
+    sentinel = redis.sentinel.Sentinel(group.addresses, socket_timeout=1.0)
+    retry = redis.retry.Retry(ConstantBackoff(0.25), 40)
+    client = sentinel.master_for(servers.SERVICE, retry=retry, **PATIENT)
+    try:
+        claim = Claim(client, unique("cut-off"), lease=30, replicas=replicas, replica_timeout_ms=3000)
+        Claim(client, unique("warm"), lease=30).acquire()  # a pooled connection and the scripts, in place
+        kill = _cut_off(group)
+        threading.Timer(0.3, kill).start()  # the claim below is on the wire by then
+        began = time.monotonic()
+        outcome = claim.acquire()
+        took = time.monotonic() - began
+        assert isinstance(outcome, Claimed)
+        new = group.wait_settled(replicas=1)
+        holder = group.by_port(new).client(socket_timeout=2)
+        try:
+            assert holder.get(claim.claim_key) is not None, "the claim is not on the new primary"
+        finally:
+            holder.close()
+        figures(f"claim cut off by the primary's death (sync, replicas={replicas}): on the new primary in {took:.1f} s")
+    finally:
+        client.close()
+        for own in sentinel.sentinels:
+            own.close()
+
+
+@pytest.mark.slow
+def test_an_async_claim_cut_off_by_the_primary_s_death_is_retried_on_the_new_primary(
+    group: servers.SentinelGroup, figures: Figures
+) -> None:
+    """The asyncio twin: the claim's tries after the kill ask the sentinels, and one lands on the new primary."""
+
+    async def main() -> tuple[object, float, str]:
+        sentinel = redis.asyncio.sentinel.Sentinel(group.addresses, socket_timeout=1.0)
+        retry = redis.asyncio.retry.Retry(ConstantBackoff(0.25), 40)
+        client = sentinel.master_for(servers.SERVICE, retry=retry, **PATIENT)
+        try:
+            claim = AsyncClaim(client, unique("cut-off"), lease=30)
+            await AsyncClaim(client, unique("warm"), lease=30).acquire()
+            kill = _cut_off(group)
+            asyncio.get_running_loop().call_later(0.3, kill)
+            began = time.monotonic()
+            outcome = await claim.acquire()
+            return outcome, time.monotonic() - began, claim.claim_key
+        finally:
+            await client.aclose()
+            for own in sentinel.sentinels:
+                await own.aclose()
+
+    outcome, took, claim_key = asyncio.run(main())
+    assert isinstance(outcome, Claimed)
+    new = group.wait_settled(replicas=1)
+    holder = group.by_port(new).client(socket_timeout=2)
+    try:
+        assert holder.get(claim_key) is not None, "the claim is not on the new primary"
+    finally:
+        holder.close()
+    figures(f"claim cut off by the primary's death (async): on the new primary in {took:.1f} s")
