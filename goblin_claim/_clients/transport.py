@@ -288,22 +288,14 @@ def _on_connection(pool: Any, attempt: Callable[[Any], T]) -> T:
     """
     valkey_py = isinstance(pool, _VALKEY_POOLS)
     conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
-    redial = _redials(pool)
-    tries = 0
     try:
-
-        def once() -> T:
-            nonlocal tries
-            tries += 1
-            if tries > 1 and redial:
-                conn.connect_to(pool.get_master_address())
-            return attempt(conn)
 
         def fail(error: Exception) -> None:
             conn.disconnect()
             if valkey_py and not _listed(conn, error):
                 raise error
 
+        once = _redialing(pool, conn, attempt) if _redials(pool) else lambda: attempt(conn)
         result: T = conn.retry.call_with_retry(once, fail)
         return result
     finally:
@@ -317,22 +309,14 @@ async def _on_connection_async(pool: Any, attempt: Callable[[Any], Awaitable[T]]
     """``_on_connection`` for an asyncio client's pool."""
     valkey_py = isinstance(pool, _VALKEY_POOLS)
     conn = await (pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection())
-    redial = _redials(pool)
-    tries = 0
     try:
-
-        async def once() -> T:
-            nonlocal tries
-            tries += 1
-            if tries > 1 and redial:
-                await conn.connect_to(await pool.get_master_address())
-            return await attempt(conn)
 
         async def fail(error: Exception) -> None:
             await conn.disconnect()
             if valkey_py and not _listed(conn, error):
                 raise error
 
+        once = _redialing_async(pool, conn, attempt) if _redials(pool) else lambda: attempt(conn)
         result: T = await conn.retry.call_with_retry(once, fail)
         return result
     finally:
@@ -354,6 +338,34 @@ def _redials(pool: Any) -> bool:
     connections ask on every reconnect themselves.
     """
     return isinstance(pool, _SENTINEL_POOLS) and bool(pool.is_master)
+
+
+def _redialing(pool: Any, conn: Any, attempt: Callable[[Any], T]) -> Callable[[], T]:
+    """``attempt(conn)``, each try after the first made on the primary the sentinels name then."""
+    tries = 0
+
+    def once() -> T:
+        nonlocal tries
+        tries += 1
+        if tries > 1:  # the failed try disconnected it
+            conn.connect_to(pool.get_master_address())
+        return attempt(conn)
+
+    return once
+
+
+def _redialing_async(pool: Any, conn: Any, attempt: Callable[[Any], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+    """``_redialing`` for an asyncio client's pool."""
+    tries = 0
+
+    async def once() -> T:
+        nonlocal tries
+        tries += 1
+        if tries > 1:
+            await conn.connect_to(await pool.get_master_address())
+        return await attempt(conn)
+
+    return once
 
 
 def send_direct(
