@@ -326,6 +326,9 @@ async def _on_connection_async(pool: Any, attempt: Callable[[Any], Awaitable[T]]
 
 
 _SENTINEL_POOLS = (redis.sentinel.SentinelConnectionPool, redis.asyncio.sentinel.SentinelConnectionPool)
+# Whether each pool class is one of those, as redis-py's pools are ABCs: isinstance
+# against them costs a first call more than a dict look-up does.
+_SENTINEL_KINDS: dict[type, bool] = {}
 
 
 def _redials(pool: Any) -> bool:
@@ -337,7 +340,11 @@ def _redials(pool: Any) -> bool:
     result's last write could spend its whole lease there. valkey-py's Sentinel
     connections ask on every reconnect themselves.
     """
-    return isinstance(pool, _SENTINEL_POOLS) and bool(pool.is_master)
+    kind = type(pool)
+    sentinel = _SENTINEL_KINDS.get(kind)
+    if sentinel is None:
+        sentinel = _SENTINEL_KINDS[kind] = issubclass(kind, _SENTINEL_POOLS)
+    return sentinel and bool(pool.is_master)
 
 
 def _redialing(pool: Any, conn: Any, attempt: Callable[[Any], T]) -> Callable[[], T]:
