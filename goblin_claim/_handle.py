@@ -15,6 +15,7 @@ from ._errors import (
     InvalidArgumentTypeError,
     NotReplicatedError,
     ResultLostError,
+    ServerUnavailableError,
 )
 from ._outcomes import Claimed, Completed, InFlight, Outcome
 from ._protocol.checks import (
@@ -66,6 +67,12 @@ class Stored:
 _STORED: Final = 1
 _COMPLETED_OTHERWISE: Final = 2
 _UNPROVEN: Final = 3  # claim_key empty, and nothing shows that nobody claimed it since
+# What each refusal says of the claim, as a message names it.
+_VERDICTS: Final = {
+    _COMPLETED_OTHERWISE: "completed with another value",
+    _UNPROVEN: "gone",
+    0: "held or completed by another token",
+}
 
 
 # --------------------------------------------------------------------------- the shared handle
@@ -470,7 +477,18 @@ class ClaimBase(Generic[ClientT]):
             ClaimLostError: Another token holds or completed the claim, or this one
                 completed it with another value; nothing was written.
             NotReplicatedError: Stored, but too few replicas acknowledged it.
+            ServerUnavailableError: With ``replicas``, a refusal from a node whose WAIT
+                showed fewer replicas than asked (see ``_unproven``); nothing was written.
         """
+        if self._unproven(reply, acknowledged):
+            raise ServerUnavailableError(
+                f"cannot complete {self.key!r} yet: the node that answered found the claim of token "
+                f"{self.token!r} {_VERDICTS.get(reply, 'not held') if type(reply) is int else 'not held'}, but only {acknowledged} of {self._replicas} "
+                f"replicas acknowledged within {self._replica_timeout_ms} ms, so it cannot show that it is the "
+                "primary (a node cut off by a partition, or one being deposed, answers from what it had); "
+                "nothing was written; send it again, to the primary",
+                key=self.key,
+            )
         if reply == _UNPROVEN:
             raise ClaimLostError(
                 f"cannot complete {self.key!r}: the claim of token {self.token!r} is gone (its lease lapsed, or "
@@ -493,6 +511,18 @@ class ClaimBase(Generic[ClientT]):
             raise self._lost("complete")
         if acknowledged is not None and acknowledged < self._replicas:
             raise self._not_replicated("complete", acknowledged)
+
+    def _unproven(self, reply: object, acknowledged: int | None) -> bool:
+        """Whether complete.lua's refusal came from a node that cannot show it leads.
+
+        With ``replicas=N``, only a node that N replicas acknowledge is the primary as
+        far as anyone can tell: a primary cut off by a partition (or just deposed)
+        still answers, from a data set the new primary has moved past, and a refusal
+        writes nothing that ``min-replicas-to-write`` could refuse. Its "gone" or
+        "another's" is not evidence that the claim was lost, only that this node
+        cannot say; without ``replicas`` no verdict can be checked this way.
+        """
+        return reply != _STORED and acknowledged is not None and acknowledged < self._replicas
 
     def _not_replicated(self, action: str, acknowledged: int) -> NotReplicatedError:
         held = {

@@ -18,6 +18,7 @@ from .families import (
     SYNC_CLIENTS,
     TRANSIENT_ERRORS,
 )
+from .transport import doubt_primary
 
 
 def translate(exc: BaseException, key: str, keys: str) -> ServerError:
@@ -123,36 +124,52 @@ def _reconnect_target(client: object) -> tuple[Any, bool]:
 
 
 def failed(client: object, exc: BaseException, key: str, keys: str) -> ServerError:
-    """``translate``, and after a transient answer drop ``client``'s idle connections.
+    """``translate``, and after a transient answer ``distrust`` the client's connections.
 
-    A demoted primary keeps answering READONLY on the connections already open to
-    it; behind a proxy, a virtual IP or a DNS name only a new connection reaches
-    the new primary. Every idle connection of the pool points where the one that
-    answered did, so all of them go (connections in use are left to their users).
+    Every idle connection of the pool points where the one that answered did, so
+    all of them go (connections in use are left to their users).
     """
     error = translate(exc, key, keys)
     if isinstance(error, ServerUnavailableError):
-        target, pool = _reconnect_target(client)
-        # Best effort: a connection that stays open answers the same again, and goes then.
-        with contextlib.suppress(Exception):
-            if pool:
-                target.disconnect(inuse_connections=False)
-            elif target is not None:
-                target.disconnect()
+        distrust(client)
     return error
+
+
+def distrust(client: object) -> None:
+    """After a transient answer: drop ``client``'s idle connections, and on Sentinel re-dial a trusted primary.
+
+    A demoted primary keeps answering READONLY on the connections already open to
+    it; behind a proxy, a virtual IP or a DNS name only a new connection reaches
+    the new primary; a primary cut off by a partition is still named by the
+    sentinels on its side (``doubt_primary``).
+    """
+    target, pool = _reconnect_target(client)
+    # Best effort: a connection that stays open answers the same again, and goes then.
+    with contextlib.suppress(Exception):
+        if pool:
+            doubt_primary(target)
+            target.disconnect(inuse_connections=False)
+        elif target is not None:
+            target.disconnect()
 
 
 async def failed_async(client: object, exc: BaseException, key: str, keys: str) -> ServerError:
     """``failed`` for an asyncio client."""
     error = translate(exc, key, keys)
     if isinstance(error, ServerUnavailableError):
-        target, pool = _reconnect_target(client)
-        with contextlib.suppress(Exception):
-            if pool:
-                await target.disconnect(inuse_connections=False)
-            elif target is not None:
-                await target.disconnect()
+        await distrust_async(client)
     return error
+
+
+async def distrust_async(client: object) -> None:
+    """``distrust`` for an asyncio client."""
+    target, pool = _reconnect_target(client)
+    with contextlib.suppress(Exception):
+        if pool:
+            doubt_primary(target)
+            await target.disconnect(inuse_connections=False)
+        elif target is not None:
+            await target.disconnect()
 
 
 def raised_by_client(exc: BaseException) -> bool:

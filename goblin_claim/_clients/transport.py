@@ -284,7 +284,8 @@ def _on_connection(pool: Any, attempt: Callable[[Any], T]) -> T:
     Retried as ``execute_command`` retries: by the connection's ``Retry``, on the
     errors it retries (valkey-py: only those its ``retry_on_error`` lists),
     disconnecting before each new try; on a Sentinel primary's pool, each new try
-    goes to the primary the sentinels name then (``_redials``).
+    (and the first, while the pool is doubted) goes to the primary a majority of
+    the sentinels name, once it says it is one (``_redials``, ``doubt_primary``).
     """
     valkey_py = isinstance(pool, _VALKEY_POOLS)
     conn = pool.get_connection(_VALKEY_COMMAND) if valkey_py else pool.get_connection()
@@ -325,20 +326,32 @@ async def _on_connection_async(pool: Any, attempt: Callable[[Any], Awaitable[T]]
         await pool.release(conn)
 
 
-_SENTINEL_POOLS = (redis.sentinel.SentinelConnectionPool, redis.asyncio.sentinel.SentinelConnectionPool)
+_SENTINEL_POOLS: tuple[type, ...] = (
+    redis.sentinel.SentinelConnectionPool,
+    redis.asyncio.sentinel.SentinelConnectionPool,
+)
+if valkey is not None:
+    import valkey.asyncio.sentinel
+    import valkey.sentinel
+
+    _SENTINEL_POOLS += (valkey.sentinel.SentinelConnectionPool, valkey.asyncio.sentinel.SentinelConnectionPool)
 # Whether each pool class is one of those, as redis-py's pools are ABCs: isinstance
 # against them costs a first call more than a dict look-up does.
 _SENTINEL_KINDS: dict[type, bool] = {}
+# Sentinel primary pools whose next round trip must first find a primary it can trust
+# (see doubt_primary); weak, so a pool is not kept alive by having been doubted.
+_DOUBTED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _redials(pool: Any) -> bool:
-    """Whether a new try over ``pool`` must first ask the sentinels where the primary is.
+    """Whether a new try over ``pool`` must first find the primary through the sentinels.
 
     A redis-py connection reconnected for a retry dials the address it had (only a
     connection taken from the pool asks the sentinels; redis-py issue 3874), so
     after a failover every try of one command went to the old primary, and a
-    result's last write could spend its whole lease there. valkey-py's Sentinel
-    connections ask on every reconnect themselves.
+    result's last write could spend its whole lease there. Both redis-py and
+    valkey-py ask only the first sentinel that answers, which, cut off from the
+    others, names a primary that was deposed: the re-dial asks them all instead.
     """
     kind = type(pool)
     sentinel = _SENTINEL_KINDS.get(kind)
@@ -347,15 +360,108 @@ def _redials(pool: Any) -> bool:
     return sentinel and bool(pool.is_master)
 
 
+def doubt_primary(pool: Any) -> None:
+    """The node ``pool`` last reached could not show it leads: its next round trip re-dials first.
+
+    Called after a transient answer (a demoted primary's ``READONLY``, ``NOREPLICAS``,
+    a verdict that too few replicas acknowledged): the pool's connections may all
+    point at a node that a partition cut off, which the sentinels on its side still name.
+    """
+    if _redials(pool):
+        _DOUBTED.add(pool)
+
+
+def _connection_error(pool: Any, message: str) -> Exception:
+    """The client library's own ``ConnectionError``: what its ``Retry`` retries."""
+    if valkey is not None and isinstance(pool, _VALKEY_POOLS):
+        return valkey.exceptions.ConnectionError(message)
+    return redis.exceptions.ConnectionError(message)
+
+
+def _elected(pool: Any, states: Sequence[object]) -> tuple[str, int]:
+    """The primary a majority of ``pool``'s sentinels name, from each one's ``SENTINEL MASTERS`` (or its error).
+
+    A sentinel that cannot be reached, or that sees its primary down, names none.
+    A majority of all the sentinels configured, not of those that answered: a
+    minority cut off with a deposed primary keeps naming it.
+    """
+    manager = pool.sentinel_manager
+    votes: dict[tuple[str, int], int] = {}
+    for masters in states:
+        state = masters.get(pool.service_name) if isinstance(masters, dict) else None
+        if state and manager.check_master_state(state, pool.service_name):
+            forced = getattr(manager, "_force_master_ip", None)
+            address = (forced if forced is not None else state["ip"], int(state["port"]))
+            votes[address] = votes.get(address, 0) + 1
+    needed = len(manager.sentinels) // 2 + 1
+    for address, count in votes.items():
+        if count >= needed:
+            return address
+    raise _connection_error(
+        pool, f"no {needed} of {len(manager.sentinels)} sentinels name one primary for {pool.service_name!r}: {votes}"
+    )
+
+
+def _check_leads(pool: Any, conn: Any, role: object) -> None:
+    """Raise (a retryable ``ConnectionError``) unless ``ROLE`` said the node is a primary."""
+    first = role[0] if isinstance(role, (list, tuple)) and role else role
+    if first not in (b"master", "master"):
+        conn.disconnect()
+        raise _connection_error(pool, f"{conn.host}:{conn.port}, named by the sentinels, is not a primary: {first!r}")
+
+
+def _trusted(pool: Any, address: tuple[str, int]) -> None:
+    """Bookkeeping once ``address`` is a trusted primary: the pool's idle connections elsewhere go."""
+    proxy = getattr(pool, "proxy", pool)  # redis-py's sync pool keeps the address on a proxy
+    proxy.master_address = address
+    _DOUBTED.discard(pool)
+
+
+def _primary(pool: Any, conn: Any) -> None:
+    """Connect ``conn`` to the primary a majority of the sentinels name, and check that it says it leads."""
+    states: list[object] = []
+    for sentinel in pool.sentinel_manager.sentinels:
+        try:
+            states.append(sentinel.sentinel_masters())
+        except Exception as exc:  # unreachable or refusing: it names nothing
+            states.append(exc)
+    address = _elected(pool, states)
+    conn.disconnect()
+    conn.connect_to(address)
+    conn.send_command("ROLE")
+    _check_leads(pool, conn, conn.read_response())
+    if pool.master_address != address:
+        pool.disconnect(inuse_connections=False)
+    _trusted(pool, address)
+
+
+async def _primary_async(pool: Any, conn: Any) -> None:
+    """``_primary`` for an asyncio client's pool."""
+    states: list[object] = []
+    for sentinel in pool.sentinel_manager.sentinels:
+        try:
+            states.append(await sentinel.sentinel_masters())
+        except Exception as exc:
+            states.append(exc)
+    address = _elected(pool, states)
+    await conn.disconnect()
+    await conn.connect_to(address)
+    await conn.send_command("ROLE")
+    _check_leads(pool, conn, await conn.read_response())
+    if pool.master_address != address:
+        await pool.disconnect(inuse_connections=False)
+    _trusted(pool, address)
+
+
 def _redialing(pool: Any, conn: Any, attempt: Callable[[Any], T]) -> Callable[[], T]:
-    """``attempt(conn)``, each try after the first made on the primary the sentinels name then."""
+    """``attempt(conn)``, each try after the first (and the first, if doubted) made on a trusted primary."""
     tries = 0
 
     def once() -> T:
         nonlocal tries
         tries += 1
-        if tries > 1:  # the failed try disconnected it
-            conn.connect_to(pool.get_master_address())
+        if tries > 1 or pool in _DOUBTED:  # a failed try disconnected it
+            _primary(pool, conn)
         return attempt(conn)
 
     return once
@@ -368,8 +474,8 @@ def _redialing_async(pool: Any, conn: Any, attempt: Callable[[Any], Awaitable[T]
     async def once() -> T:
         nonlocal tries
         tries += 1
-        if tries > 1:
-            await conn.connect_to(await pool.get_master_address())
+        if tries > 1 or pool in _DOUBTED:
+            await _primary_async(pool, conn)
         return await attempt(conn)
 
     return once

@@ -314,7 +314,7 @@ class _Spec:
     def lost(self, call: _Call, result: Any, cause: ClaimLostError) -> ClaimLostError:
         """The error for work that finished after its claim was lost; it carries the result."""
         return ClaimLostError(
-            f"{call.key!r} finished after its claim was lost (lease lapsed); the result was not stored: {cause}",
+            f"{call.key!r} finished after its claim was lost; the result was not stored: {cause}",
             key=call.key,
             result=result,
         )

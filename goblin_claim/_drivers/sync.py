@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 
 from .. import _events
 from .._clients.cluster import is_redirect, node_round
-from .._clients.errors import failed, is_reshaping, raised_by_client, translate
+from .._clients.errors import distrust, failed, is_reshaping, raised_by_client, translate
 from .._clients.families import CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, adapt
 from .._clients.transport import (
     ClientState,
@@ -312,7 +312,10 @@ class Claim(ClaimBase["SyncClient"]):
         """``complete()``, running ``meanwhile`` (at most once) while the write is on the wire."""
         script, args = self._complete_call(value, *reply_encoding(self._client), wake_kind(self._client))
         if self._replicas:
-            self._completed(*self._call_and_wait(script, args, self._both_keys))
+            reply, acknowledged = self._call_and_wait(script, args, self._both_keys)
+            if self._unproven(reply, acknowledged):
+                distrust(self._client)  # its next try goes to a node that can show it leads
+            self._completed(reply, acknowledged)
         else:
             self._completed(self._call(script, args, self._both_keys, meanwhile=meanwhile))
         self._let_go()

@@ -28,7 +28,7 @@ MISMATCH: Final = (
 )
 IN_FLIGHT: Final = "a request with this idempotency key is still being processed; retry after it finishes"
 LOST: Final = (
-    "this request ran, but its claim on the idempotency key lapsed and another request took it over; "
+    "this request ran, but its claim on the idempotency key was lost to another request; "
     "retry to get the stored response"
 )
 UNAVAILABLE: Final = "the idempotency store is unavailable, so the request was not run; retry later"

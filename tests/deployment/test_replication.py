@@ -20,7 +20,15 @@ import pytest
 import redis
 import redis.asyncio
 
-from goblin_claim import AsyncClaim, Claim, Claimed, Completed, NotReplicatedError
+from goblin_claim import (
+    AsyncClaim,
+    Claim,
+    Claimed,
+    ClaimLostError,
+    Completed,
+    NotReplicatedError,
+    ServerUnavailableError,
+)
 from goblin_claim.testing import fake_redis
 from tests.conftest import _binary, _valkey_binary, record, unique
 from tests.support import servers
@@ -230,3 +238,66 @@ def test_async_read_back_and_batch_wait_too(
     read_back, batch = asyncio.run(scenario())
     assert read_back is NotReplicatedError
     assert batch == [NotReplicatedError, NotReplicatedError]
+
+
+@pytest.fixture(scope="module")
+def deposed(pair: tuple[servers.RedisProcess, servers.RedisProcess]) -> Iterator[servers.RedisProcess]:
+    """A primary with no replica and none of the pair's data: what a partition's old side looks like to a client."""
+    binary = _valkey_binary() if "valkey" in str(pair[0].process.args) else _binary()
+    with servers.standalone(binary) as made:
+        yield made
+
+
+@pytest.mark.parametrize("ending", ["free", "another", "completed"])
+def test_a_refusal_from_a_node_that_cannot_show_it_leads_is_transient_and_writes_nothing(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess],
+    deposed: servers.RedisProcess,
+    client: redis.Redis,
+    ending: str,
+) -> None:
+    """replicas=1: a "gone"/"another's" from a node whose WAIT shows 0 replicas is ServerUnavailableError, not lost."""
+    key, token = unique(), unique("owner")
+    owner = Claim(client, key, replicas=1, replica_timeout_ms=5000, token=token)
+    assert isinstance(owner.acquire(), Claimed)  # the claim lives on the real primary
+    with contextlib.closing(deposed.client()) as stale:
+        stale_handle = Claim(stale, key, replicas=1, replica_timeout_ms=TIMEOUT_MS, token=token)
+        if ending == "another":
+            Claim(stale, key, token="someone-else").acquire()
+        elif ending == "completed":
+            other = Claim(stale, key, token="someone-else")
+            other.acquire()
+            other.complete(b"theirs")
+        before = {name: stale.dump(name) for name in stale.keys("*")}
+        with pytest.raises(ServerUnavailableError) as caught:
+            stale_handle.complete(b"charged")
+        assert not isinstance(caught.value, ClaimLostError)
+        assert "0 of 1 replicas" in str(caught.value)
+        assert "lease lapsed" not in str(caught.value)
+        assert {name: stale.dump(name) for name in stale.keys("*")} == before  # nothing written there
+    owner.complete(b"charged")  # the same complete on the primary stores
+    assert Claim(client, key).acquire() == Completed(key=key, value=b"charged")
+
+
+def test_without_replicas_a_gone_claim_stays_claim_lost(deposed: servers.RedisProcess) -> None:
+    """Without replicas= there is no WAIT to weigh a verdict by: a "gone" claim is ClaimLostError, as documented."""
+    with contextlib.closing(deposed.client()) as stale, pytest.raises(ClaimLostError):
+        Claim(stale, unique(), token=unique("owner")).complete(b"charged")
+
+
+def test_async_refusal_from_a_node_that_cannot_show_it_leads_is_transient(deposed: servers.RedisProcess) -> None:
+    """AsyncClaim with replicas=1: the same unproven "gone" is ServerUnavailableError, and nothing is written."""
+
+    async def scenario() -> tuple[type[BaseException] | None, int]:
+        aclient = redis.asyncio.Redis(host=servers.HOST, port=deposed.port)
+        handle = AsyncClaim(aclient, unique(), replicas=1, replica_timeout_ms=TIMEOUT_MS)
+        raised: type[BaseException] | None = None
+        try:
+            await handle.complete(b"charged")
+        except Exception as exc:
+            raised = type(exc)
+        finally:
+            written = await aclient.exists(handle.claim_key, handle.result_key)
+            await aclient.aclose()
+        return raised, written
+
+    assert asyncio.run(scenario()) == (ServerUnavailableError, 0)

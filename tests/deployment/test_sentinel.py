@@ -29,9 +29,19 @@ import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.retry
 import redis.sentinel
-from redis.backoff import ConstantBackoff, ExponentialWithJitterBackoff
+from redis.backoff import ConstantBackoff, ExponentialWithJitterBackoff, NoBackoff
 
-from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, GoblinClaimError, StillInFlightError, idempotent
+from goblin_claim import (
+    AsyncClaim,
+    Claim,
+    Claimed,
+    ClaimLostError,
+    ConnectionFailedError,
+    GoblinClaimError,
+    StillInFlightError,
+    idempotent,
+)
+from goblin_claim._clients.transport import _check_leads, doubt_primary
 from tests.conftest import unique
 from tests.support import servers
 
@@ -467,3 +477,51 @@ def test_an_async_claim_cut_off_by_the_primary_s_death_is_retried_on_the_new_pri
     finally:
         holder.close()
     figures(f"claim cut off by the primary's death (async): on the new primary in {took:.1f} s")
+
+
+def test_a_doubted_pool_redials_only_a_primary_most_sentinels_name(plain_group: servers.SentinelGroup) -> None:
+    """After a transient answer, one sentinel alone (the others unreachable) cannot send a write anywhere."""
+    group = plain_group
+    lone = [group.addresses[0], (servers.HOST, servers.free_port()), (servers.HOST, servers.free_port())]
+    fast = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+    for addresses, reaches in ((lone, False), (group.addresses, True)):
+        sentinel = redis.sentinel.Sentinel(addresses, sentinel_kwargs=fast, **fast)
+        client = sentinel.master_for(servers.SERVICE, retry=redis.retry.Retry(NoBackoff(), 1), **fast)
+        try:
+            claim = Claim(client, unique("doubted"))
+            Claim(client, unique("warm")).acquire()  # a pooled connection, dialed by redis-py's first answer
+            doubt_primary(client.connection_pool)
+            if reaches:
+                assert isinstance(claim.acquire(), Claimed)
+                assert client.connection_pool.master_address == (servers.HOST, group.primary_port())
+            else:
+                with pytest.raises(ConnectionFailedError, match="no 2 of 3 sentinels name one primary"):
+                    claim.acquire()
+                with contextlib.closing(group.by_port(group.primary_port()).client()) as primary:
+                    assert not primary.exists(claim.claim_key)  # nothing was sent to the primary
+        finally:
+            client.close()
+            for own in sentinel.sentinels:
+                own.close()
+
+
+def test_a_node_the_sentinels_name_must_say_it_is_the_primary(plain_group: servers.SentinelGroup) -> None:
+    """The re-dial's ROLE check: a replica's ROLE is refused with a retryable ConnectionError, a primary's passes."""
+    group = plain_group
+    sentinel = redis.sentinel.Sentinel(group.addresses, socket_timeout=1.0)
+    pool = sentinel.master_for(servers.SERVICE).connection_pool
+    primary = group.primary_port()
+    for server in group.data:
+        conn = redis.Connection(host=servers.HOST, port=server.port)
+        try:
+            conn.send_command("ROLE")
+            role = conn.read_response()
+            if server.port == primary:
+                _check_leads(pool, conn, role)
+            else:
+                with pytest.raises(redis.ConnectionError, match="is not a primary"):
+                    _check_leads(pool, conn, role)
+        finally:
+            conn.disconnect()
+    for own in sentinel.sentinels:
+        own.close()
