@@ -295,8 +295,8 @@ def min_replicas_finding(node: str, replicas: int, min_replicas: int, max_lag: i
     return Finding(
         "warning",
         f"{node}: {replicas} replica(s) but min-replicas-to-write 0: a primary cut off from its replicas (frozen, "
-        "partitioned) keeps accepting claims and results until it is demoted, and the failover loses them: callers "
-        "get different answers and work runs twice",
+        "partitioned) keeps accepting claims and results until it is demoted, and the failover drops them: results "
+        "whose callers were answered are lost, callers of one id get different answers, and work runs twice",
         "CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 2 on every data node, and use replicas=1",
     )
 

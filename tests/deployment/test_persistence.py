@@ -182,7 +182,8 @@ def test_persistence_finding_levels(appendonly: str, appendfsync: str, save: str
 
 
 def test_min_replicas_finding_levels() -> None:
-    """min-replicas-to-write 0 with replicas is a warning naming the setting; 1 or more is ok."""
+    """min-replicas-to-write 0 with replicas is a warning naming the setting and the loss it allows; 1 or more is ok."""
     assert min_replicas_finding("n", 2, 0, 10).level == "warning"
+    assert "results whose callers were answered are lost" in min_replicas_finding("n", 2, 0, 10).what
     assert "min-replicas-to-write 1" in min_replicas_finding("n", 2, 0, 10).todo
     assert min_replicas_finding("n", 2, 1, 2).level == "ok"
