@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools docs/hooks
 
-.PHONY: demo test check install docs docs-serve redis-server valkey-server compiler native lint typecheck pytest bench bench-server bench-peers chaos clean
+.PHONY: demo test check install docs docs-serve redis-server valkey-server nftables compiler native lint typecheck pytest bench bench-server bench-peers chaos partitions clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
 
-test: $(STAMP) redis-server valkey-server native lint typecheck docs pytest
+test: $(STAMP) redis-server valkey-server nftables native lint typecheck docs pytest
 
 # The development lane, under 3 minutes on two cores: lint, types, the generator check,
 # then the tests that stay on fakeredis and one standalone redis-server (pytest
@@ -52,6 +52,16 @@ redis-server:
 		if [ ! -e $$POLICY ]; then printf '#!/bin/sh\nexit 101\n' | $$SUDO tee $$POLICY >/dev/null && $$SUDO chmod +x $$POLICY && ADDED=1; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; \
 		STATUS=$$?; [ -n "$$ADDED" ] && $$SUDO rm -f $$POLICY; exit $$STATUS; \
+	fi
+
+# nftables and iproute2 for the partition tests (tests/deployment/test_partitions.py: network
+# namespaces on a bridge, cut by nft rules; they need root), installed once when nft or ip is missing.
+nftables:
+	@if command -v nft >/dev/null 2>&1 && command -v ip >/dev/null 2>&1; then \
+		echo "nftables: $$(nft --version 2>/dev/null)"; \
+	else \
+		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nftables iproute2 >/dev/null; \
 	fi
 
 # Valkey's server for the suite's Valkey tiers: Debian 12 has no Valkey package, so
@@ -170,6 +180,24 @@ CHAOS_SERVER ?= redis
 chaos: $(STAMP) $(if $(filter valkey,$(CHAOS_SERVER)),valkey-server,redis-server)
 	$(BIN)/python -m tests.support.nemesis --seconds $(CHAOS_SECONDS) --runs $(CHAOS_RUNS) --replicas $(REPLICAS) \
 		--server $(CHAOS_SERVER) $(if $(filter 1 yes true,$(RECIPE)),--recipe)
+
+# Network partitions by hand (tests/support/partitions.py; root, nftables): PARTITION_RUNS seeds of each
+# scenario (split, isolated, flapping, one-way) on each PARTITION_TOPOLOGY (sentinel, cluster), with the
+# recipe and without it, PARTITION_SECONDS seconds of cuts and 300 ids per run, PARTITION_SERVER=valkey
+# and PARTITION_CLIENT=valkey-py for Valkey. Prints the figures per run (ids run twice, split answers,
+# answered results lost, the minority's unavailable seconds and errors); NEMESIS_SEED=<seed> replays.
+# Exits 1 when a run with the recipe broke an invariant (runs without it are measured only).
+PARTITION_RUNS ?= 5
+PARTITION_SECONDS ?= 60
+PARTITION_TOPOLOGY ?= sentinel,cluster
+PARTITION_SCENARIOS ?= split,isolated,flapping,one-way
+PARTITION_SERVER ?= redis
+PARTITION_CLIENT ?= redis-py
+
+partitions: $(STAMP) nftables $(if $(filter valkey,$(PARTITION_SERVER)),valkey-server,redis-server)
+	$(BIN)/python -m tests.support.partitions --runs $(PARTITION_RUNS) --seconds $(PARTITION_SECONDS) \
+		--topology $(PARTITION_TOPOLOGY) --scenario $(PARTITION_SCENARIOS) --server $(PARTITION_SERVER) \
+		--client $(PARTITION_CLIENT)
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* $(NATIVE_DIR) $(VALKEY_DIR)
