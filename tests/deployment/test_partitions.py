@@ -23,7 +23,7 @@ import redis.sentinel
 
 from goblin_claim import Claim, Claimed, ClaimLostError, NotReplicatedError, ServerUnavailableError
 from tests.conftest import missing
-from tests.support import netns, partitions, servers
+from tests.support import nemesis, netns, partitions, servers
 
 SERVERS = ("redis", "valkey")
 # A discovery through a cut-off first sentinel, bounded by SENTINEL_KWARGS, stays under this.
@@ -59,6 +59,8 @@ def _held(outcome: partitions.Outcome) -> str:
 SCHEDULE = [
     pytest.param("sentinel", "split", "redis", "redis-py", id="sentinel-split-redis"),
     pytest.param("sentinel", "isolated", "redis", "redis-py", id="sentinel-isolated-redis"),
+    # One way, the old primary still hears its replicas' acks: min-replicas-to-write never trips and only
+    # WAIT (replicas=1) keeps a write from being lost; the WSGI door sends no WAIT, so it is left out here.
     pytest.param("sentinel", "one-way", "valkey", "valkey-py", id="sentinel-one-way-valkey"),
     pytest.param("cluster", "isolated", "redis", "redis-py", id="cluster-isolated-redis"),
 ]
@@ -79,6 +81,7 @@ def test_a_partition_with_the_recipe_keeps_every_id_once(
         seconds=12,
         ids=60,
         deadline=30,
+        paths=nemesis.ALL_PATHS if scenario == "one-way" else partitions.PATHS,
     )
     outcome = partitions.run(settings)
     figures(f"partitions {topology} {scenario} {server} {client}: " + outcome.line())

@@ -424,7 +424,10 @@ class SentinelTopology(Topology):
     def async_client(self, client: str, recipe: bool) -> Any:
         """The asyncio twin of ``sync_client``."""
         options = dict(TIMEOUTS, **nemesis._async_retry_options(recipe))
-        return self._sentinel(client, True).master_for(SERVICE, **_options(client, options, True))
+        sentinel = self._sentinel(client, True)
+        made = sentinel.master_for(SERVICE, **_options(client, options, True))
+        made.partition_sentinels = sentinel.sentinels  # closed with it (_run_async)
+        return made
 
 
 class ClusterTopology(Topology):
@@ -443,7 +446,7 @@ class ClusterTopology(Topology):
         )  # fmt: skip
         for node in self.nodes:
             start_data(node, binary, *cluster_args, *self.server_args())
-            self.ids[node.label] = node.call(lambda: self._ask("CLUSTER MYID"))
+            self.ids[node.label] = _text(node.call(lambda: self._ask("CLUSTER MYID")))
         self._form()
         self.wait_whole(60)
 
@@ -714,6 +717,9 @@ async def _run_async(
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(client.aclose(), 10)
+        for sentinel in getattr(client, "partition_sentinels", []):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sentinel.aclose(), 10)
 
 
 # --------------------------------------------------------------------------- availability of a side
