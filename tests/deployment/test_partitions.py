@@ -67,6 +67,8 @@ SCHEDULE = [
 
 
 @pytest.mark.timeout(240)
+# asyncio connections a cut left half open are collected after their group's loop ended (a client's leak, not a claim's)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(("topology", "scenario", "server", "client"), SCHEDULE)
 def test_a_partition_with_the_recipe_keeps_every_id_once(
     topology: str, scenario: str, server: str, client: str, figures: Callable[[str], None]
