@@ -483,7 +483,8 @@ class ClaimBase(Generic[ClientT]):
         if self._unproven(reply, acknowledged):
             raise ServerUnavailableError(
                 f"cannot complete {self.key!r} yet: the node that answered found the claim of token "
-                f"{self.token!r} {_VERDICTS.get(reply, 'not held') if type(reply) is int else 'not held'}, but only {acknowledged} of {self._replicas} "
+                f"{self.token!r} {_VERDICTS.get(reply, 'not held') if type(reply) is int else 'not held'}, "
+                f"but only {acknowledged} of {self._replicas} "
                 f"replicas acknowledged within {self._replica_timeout_ms} ms, so it cannot show that it is the "
                 "primary (a node cut off by a partition, or one being deposed, answers from what it had); "
                 "nothing was written; send it again, to the primary",
@@ -536,6 +537,25 @@ class ClaimBase(Generic[ClientT]):
             acknowledged=acknowledged,
             replicas=self._replicas,
         )
+
+    def _not_renewed(self, now: float) -> ClaimLostError | ServerUnavailableError:
+        """The error for a renewal the server answered "not held" at ``now`` (monotonic).
+
+        A renewal sends no WAIT, so with ``replicas`` its refusal is weighed by this
+        handle's own clock instead: while the lease it took has not run out by that
+        clock, the claim cannot have lapsed, and the answer came from a node that
+        does not have it (a primary cut off by a partition, or one being deposed). It
+        is then transient; once the lease is over by that clock, the claim is lost.
+        Without ``replicas`` the refusal is taken as it comes.
+        """
+        if self._replicas and now < self._mine_until:
+            return ServerUnavailableError(
+                f"cannot renew {self.key!r} here: the node that answered does not hold token {self.token!r}'s "
+                f"claim, which this handle took {self.lease} s ago at most, and a renewal has no WAIT to show "
+                "that node is the primary; send it again, to the primary",
+                key=self.key,
+            )
+        return self._lost("extend")
 
     def _extend_lease(self, lease: int | None) -> int:
         return self.lease if lease is None else check_seconds("lease", lease)

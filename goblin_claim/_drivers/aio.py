@@ -28,6 +28,7 @@ from .._clients.transport import (
 )
 from .._defaults import LEASE, TTL
 from .._errors import (
+    ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
     InvalidArgumentError,
@@ -329,6 +330,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
 
         Raises:
             ClaimLostError: The claim lapsed or was already completed.
+            ServerUnavailableError: With ``replicas``, a node answered "not held"
+                while this handle's own clock says its lease lasts (see ``ClaimBase._not_renewed``).
         """
         await self._extend(lease)
 
@@ -337,8 +340,12 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         seconds = self._extend_lease(lease)
         sent_at = time.monotonic()
         if not await self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key, persist=persist):
-            self._let_go()
-            raise self._lost("extend")
+            refused = self._not_renewed(time.monotonic())
+            if isinstance(refused, ClaimLostError):
+                self._let_go()
+            else:
+                await distrust_async(self._client)  # its next try goes to a node that can show it leads
+            raise refused
         self._extended(sent_at, seconds)
 
     @_events.observe("release")

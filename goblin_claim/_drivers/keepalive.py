@@ -64,7 +64,7 @@ from .. import _events
 from .._clients.errors import failed, failed_async, translate
 from .._clients.families import ASYNC_CLUSTERS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
 from .._clients.transport import state_of
-from .._errors import ClaimLostError, GoblinClaimError
+from .._errors import ClaimLostError, GoblinClaimError, ServerUnavailableError
 from .._protocol.refusals import is_out_of_memory, owner_check_unusable
 from .._protocol.scripts import EXTEND, SET_IFEQ, owner_check, owner_check_command, script_command
 from .._protocol.timing import lease_margin, renew_interval, retry_delay
@@ -85,6 +85,8 @@ if TYPE_CHECKING:
         _client: Any
         _native: Any
         _mine_until: float
+
+        def _not_renewed(self, now: float) -> ClaimLostError | ServerUnavailableError: ...
 
     class Renewable(_Held, Protocol):
         """A sync handle: ``Claim``, which renews with ``_extend``."""
@@ -140,10 +142,17 @@ def _again(
 
 
 def _read(claim: Renewable | AsyncRenewable, reply: object) -> Outcome:
-    """One renewal's reply: 1 or OK renewed, 0 or nil not held; an error reply becomes the driver's error."""
+    """One renewal's reply: 1 or OK renewed, 0 or nil not held; an error reply becomes the driver's error.
+
+    "Not held" is the handle's to weigh (``_not_renewed``): with ``replicas`` it is
+    transient while the handle's own clock says the lease lasts.
+    """
     if isinstance(reply, ERRORS):
         return translate(reply, claim.key, claim.claim_key)
-    return bool(reply)
+    if reply:
+        return True
+    refused = claim._not_renewed(time.monotonic())
+    return False if isinstance(refused, ClaimLostError) else refused
 
 
 def _first_error(replies: Sequence[object]) -> BaseException | None:

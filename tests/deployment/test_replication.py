@@ -301,3 +301,25 @@ def test_async_refusal_from_a_node_that_cannot_show_it_leads_is_transient(depose
         return raised, written
 
     assert asyncio.run(scenario()) == (ServerUnavailableError, 0)
+
+
+def test_a_renewal_refused_by_a_node_without_the_claim_is_transient_while_the_lease_lasts(
+    deposed: servers.RedisProcess, client: redis.Redis
+) -> None:
+    """replicas=1: extend()'s "not held" from another node, inside the lease by the handle's clock, is not lost."""
+    owner = Claim(client, unique(), lease=30, replicas=1, replica_timeout_ms=5000)
+    assert isinstance(owner.acquire(), Claimed)
+    with contextlib.closing(deposed.client()) as stale:
+        owner._client = stale  # the owner's next round trip reaches a node that lacks its claim
+        with pytest.raises(ServerUnavailableError, match="has no WAIT"):
+            owner.extend()
+        assert not stale.exists(owner.claim_key)
+        owner._client = client
+    owner.extend()  # still this handle's on the primary: renewed there
+    assert client.pttl(owner.claim_key) > 29_000
+    plain = Claim(client, unique(), lease=30)
+    assert isinstance(plain.acquire(), Claimed)
+    with contextlib.closing(deposed.client()) as stale:
+        plain._client = stale
+        with pytest.raises(ClaimLostError):
+            plain.extend()  # without replicas= the refusal is taken as it comes
