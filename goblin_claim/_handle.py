@@ -465,10 +465,13 @@ class ClaimBase(Generic[ClientT]):
         stored = check_value(value, self.key, text_only=text_only, encoding=encoding)
         marker = DONE_PREFIX + self.token
         if self._fence_key is None:
-            return COMPLETE, (self.claim_key, self.result_key, self.token, stored, self.ttl, marker, wake)
+            args = (self.claim_key, self.result_key, self.token, stored, self.ttl, marker, wake)
+            # "wait": a refusal writes too, so the WAIT behind it means something (complete.lua).
+            return COMPLETE, (*args, "", "wait") if self._replicas else args
         fence = "" if self._fence is None else self._fence
         keys = (self.claim_key, self.result_key, self._fence_key)
-        return COMPLETE_FENCED, (*keys, self.token, stored, self.ttl, marker, wake, fence)
+        fenced = (*keys, self.token, stored, self.ttl, marker, wake, fence)
+        return COMPLETE_FENCED, (*fenced, "wait") if self._replicas else fenced
 
     def _completed(self, reply: object, acknowledged: int | None = None) -> None:
         """Check complete.lua's reply.
@@ -487,7 +490,7 @@ class ClaimBase(Generic[ClientT]):
                 f"but only {acknowledged} of {self._replicas} "
                 f"replicas acknowledged within {self._replica_timeout_ms} ms, so it cannot show that it is the "
                 "primary (a node cut off by a partition, or one being deposed, answers from what it had); "
-                "nothing was written; send it again, to the primary",
+                "nothing changed; send it again, to the primary",
                 key=self.key,
             )
         if reply == _UNPROVEN:

@@ -43,7 +43,11 @@ def translate(exc: BaseException, key: str, keys: str) -> ServerError:
             f"no free connection for {keys}: {text} (many concurrent tasks need a BlockingConnectionPool)",
             key=key,
         )
-    if isinstance(exc, CONNECTION_ERRORS) or (isinstance(exc, CLUSTER_ERRORS) and _UNREACHABLE in text):
+    if (
+        isinstance(exc, CONNECTION_ERRORS)
+        or (isinstance(exc, CLUSTER_ERRORS) and _UNREACHABLE in text)
+        or text == _CLOSED_UNDER_READ
+    ):
         return ConnectionFailedError(f"Redis unreachable while working on {keys}: {text}", key=key)
     if not isinstance(exc, ERRORS):
         return ConnectionFailedError(
@@ -58,6 +62,9 @@ def translate(exc: BaseException, key: str, keys: str) -> ServerError:
 
 # A cluster client that reached no node at all (redis-py and valkey-py say it so).
 _UNREACHABLE = "cannot be connected"
+# valkey-py's asyncio reader, closed under a read by another task (a cut connection
+# torn down): its base error class, where redis-py raises OSError. Nothing was answered.
+_CLOSED_UNDER_READ = "Buffer is closed."
 # A cluster client's own words for a shape it is still learning: a slot no node
 # covers, a node it knows of without a connection, nodes that disagree, a node
 # gone from the cluster.

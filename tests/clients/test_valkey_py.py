@@ -654,3 +654,10 @@ def test_the_valkey_fakes_take_both_paths(native: bool) -> None:
 
     asyncio.run(main())
     client.close()
+
+
+def test_a_reader_closed_under_a_read_is_a_connection_failure() -> None:
+    """valkey-py's "Buffer is closed." (its asyncio reader torn down mid-read) is transient, like redis-py's OSError."""
+    error = translate(valkey.exceptions.ValkeyError("Buffer is closed."), "k", "goblin:{k}")
+    assert isinstance(error, ConnectionFailedError)
+    assert not isinstance(translate(valkey.exceptions.ValkeyError("something else"), "k", "k"), ConnectionFailedError)

@@ -9,6 +9,11 @@
 --   the channel named claim_key, so waiters learn of it at once; anything else does not.
 --   A refused announcement (an ACL without it) is ignored: the reply is still 1
 -- ARGV[6] fence (with KEYS[3]): the fence this owner was given; "" when unknown
+-- ARGV[7] (optional) "wait": a WAIT follows on this connection (replicas=). A refusal
+--   then writes too, changing nothing (claim_key rewritten unchanged, or set and
+--   deleted when empty), so the WAIT counts the replicas that have this node's
+--   latest state: behind a write-less reply it would count every replica still
+--   linked, and a node cut off from them (or deposed) could not be told apart
 -- returns 1 when the value is stored: written now, or already written by this
 --   token (a re-sent call); 0 when another owner holds or completed the claim, or
 --   (KEYS[3]) the counter numbered an owner after this one; 2 when this token
@@ -23,6 +28,18 @@
 --   counter is deleted once the record is written: while the record lives nobody
 --   can claim, and after it the clock numbers the next owner (claim.lua).
 local wake = ARGV[5] == "publish" or ARGV[5] == "spublish"
+-- A refusal (0, 2 or 3), made provable by a WAIT behind it (ARGV[7]); held: claim_key's value.
+local function refuse(code, held)
+  if ARGV[7] == "wait" then
+    if held then
+      redis.call("set", KEYS[1], held, "KEEPTTL")
+    else
+      redis.call("set", KEYS[1], "", "PX", 1)
+      redis.call("del", KEYS[1])
+    end
+  end
+  return code
+end
 -- For a claim held by this token, or empty: the fence (where there is one) decides
 -- whose claim this was, and an empty claim with no fence to show for it is not ours.
 -- Returns the refusal (0 or 3), or nil when the claim is this token's to complete.
@@ -42,17 +59,17 @@ if KEYS[1] == KEYS[2] then
   local mine = ARGV[4] .. " "
   if held and held ~= ARGV[1] then
     if string.sub(held, 1, #mine) ~= mine then
-      return 0  -- another token holds it, or another owner's record
+      return refuse(0, held)  -- another token holds it, or another owner's record
     end
     if string.sub(held, #mine + 1) == ARGV[2] then
       redis.call("set", KEYS[1], held, "KEEPTTL")  -- re-sent: rewritten unchanged for a WAIT
       return 1
     end
-    return 2
+    return refuse(2, held)
   end
   local refusal = refused(held)
   if refusal then
-    return refusal
+    return refuse(refusal, held)
   end
   redis.call("set", KEYS[1], mine .. ARGV[2], "EX", ARGV[3])
   if KEYS[3] then
@@ -65,7 +82,7 @@ if KEYS[1] == KEYS[2] then
 end
 local holder = redis.call("get", KEYS[1])
 if holder ~= ARGV[1] and holder ~= ARGV[4] and holder then
-  return 0
+  return refuse(0, holder)
 end
 -- GET fails with WRONGTYPE, before any write, when result_key holds a non-string.
 local stored = redis.call("get", KEYS[2])
@@ -76,15 +93,15 @@ if holder == ARGV[4] and stored then
     redis.call("set", KEYS[1], holder, "KEEPTTL")
     return 1
   end
-  return 2
+  return refuse(2, holder)
 end
 if not holder and stored then
-  return 0
+  return refuse(0, holder)
 end
 if holder ~= ARGV[4] then
   local refusal = refused(holder)
   if refusal then
-    return refusal
+    return refuse(refusal, holder)
   end
 end
 redis.call("set", KEYS[2], ARGV[2], "EX", ARGV[3])
