@@ -10,3 +10,6 @@ DEFAULT_NAMESPACE: Final = "goblin"
 LEASE: Final = 30
 # How long a completed record (and its answer) is kept for duplicates, in seconds.
 TTL: Final = 86400
+# replicas=: how many replicas must acknowledge a claim and a result (WAIT), and for how long it waits.
+REPLICAS: Final = 0
+REPLICA_TIMEOUT_MS: Final = 500

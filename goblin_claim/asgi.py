@@ -221,6 +221,8 @@ class IdempotencyMiddleware:
         fingerprint: str | Callable[[Scope], str | bytes] = DEFAULTS.fingerprint,
         namespace: str = DEFAULTS.namespace,
         routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = DEFAULTS.routes,
+        replicas: int = DEFAULTS.replicas,
+        replica_timeout_ms: int = DEFAULTS.replica_timeout_ms,
     ) -> None:
         self.app = app
         # The defaults above are DoorOptions' (tests/http/test_door_options.py holds the two together).
@@ -229,7 +231,7 @@ class IdempotencyMiddleware:
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
             stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
-            routes=routes,
+            routes=routes, replicas=replicas, replica_timeout_ms=replica_timeout_ms,
         ).checked()  # fmt: skip
         self._door = AsyncDoor(client, options, "goblin_claim.asgi.IdempotencyMiddleware")
         self.required = options.required

@@ -18,6 +18,7 @@ from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
+    NotReplicatedError,
     ResultLostError,
     StillInFlightError,
 )
@@ -44,7 +45,8 @@ class SyncDoor:
         o = self.options if options is None else options
         return Claim(
             self._client.get(), _http.claim_name(method, path, owner, key), lease=o.lease, ttl=o.ttl,
-            namespace=o.namespace, token=_http.claim_token(fp),
+            namespace=o.namespace, token=_http.claim_token(fp), replicas=o.replicas,
+            replica_timeout_ms=o.replica_timeout_ms,
         )  # fmt: skip
 
 
@@ -70,6 +72,12 @@ def open_claim(
         return _http.problem(409, f"{_http.IN_FLIGHT} (waited {options.wait:g}s)", retry=True)
     except ResultLostError:
         return _http.problem(500, _http.RESULT_LOST, code="result-lost")
+    except NotReplicatedError:
+        # Taken, or read back, on a primary whose replicas did not acknowledge it in time (replicas=):
+        # a failover could lose it, so the app does not run on it; what this token took is given back.
+        logger.warning("key %s: the claim was not acknowledged by enough replicas, answering 503", _digest(claim))
+        to_the_end(give_back(claim))
+        return _http.problem(503, _http.UNAVAILABLE, retry=True)
     except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
         logger.warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), type(exc).__name__)
         return _http.problem(503, _http.UNAVAILABLE, retry=True)
@@ -97,6 +105,10 @@ def store(claim: Claim, payload: bytes, status: int, fp: str) -> Literal["stored
         # that is (or will be) stored is theirs, so this one is not given out.
         logger.warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
         return "lost"
+    except NotReplicatedError:
+        # Stored on the primary, which duplicates are answered from; a failover now could lose it.
+        logger.warning("key %s: the response was stored, but not acknowledged by enough replicas", _digest(claim))
+        return "stored"
     except GoblinClaimError as exc:
         # The app ran: its answer is sent all the same, marked unstored.
         logger.warning(

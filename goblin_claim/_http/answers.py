@@ -28,7 +28,8 @@ MISMATCH: Final = (
 )
 IN_FLIGHT: Final = "a request with this idempotency key is still being processed; retry after it finishes"
 LOST: Final = (
-    "this request ran, but its claim on the idempotency key was lost to another request; "
+    "this request ran, but its claim on the idempotency key was lost before its response was stored (its lease "
+    "lapsed, or another request holds the key); "
     "retry to get the stored response"
 )
 UNAVAILABLE: Final = "the idempotency store is unavailable, so the request was not run; retry later"

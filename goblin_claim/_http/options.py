@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
-from .._defaults import LEASE, TTL
+from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
 from .._errors import InvalidArgumentError, InvalidArgumentTypeError
-from .._protocol.checks import check_namespace, check_seconds, check_timeout, describe
+from .._protocol.checks import check_namespace, check_replicas, check_seconds, check_timeout, describe
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 # RFC 9110 section 7.6.1, plus the pre-standard ones proxies still send.
@@ -90,6 +90,8 @@ class Options:
     fingerprint: str | Callable[[Any], object]
     namespace: str
     routes: tuple[tuple[re.Pattern[str], KeyRule], ...] | Callable[[Any], object] = ()
+    replicas: int = REPLICAS
+    replica_timeout_ms: int = REPLICA_TIMEOUT_MS
 
     @property
     def header_name(self) -> bytes:
@@ -137,6 +139,9 @@ class DoorOptions:
     fingerprint: str | Callable[[Any], Any] = "auto"
     namespace: str = "goblin-http"
     routes: Mapping[str, KeyRule] | Callable[[Any], Any] | None = None
+    # The failover recipe's client side: a claim and its stored answer acknowledged by replicas (WAIT).
+    replicas: int = REPLICAS
+    replica_timeout_ms: int = REPLICA_TIMEOUT_MS
 
     def over(self, given: Mapping[str, Any]) -> DoorOptions:
         """These options with ``given`` (by name) over them; an unknown name raises ``InvalidArgumentTypeError``."""
@@ -161,6 +166,7 @@ class DoorOptions:
             raise InvalidArgumentTypeError(
                 f"scope must be a function of the request or None, not {describe(self.scope)}"
             )
+        replicas, replica_timeout_ms = check_replicas(self.replicas, self.replica_timeout_ms)
         return Options(
             required=self.required,
             methods=_check_methods(self.methods),
@@ -180,6 +186,8 @@ class DoorOptions:
             fingerprint=_check_fingerprint(self.fingerprint),
             namespace=check_namespace(self.namespace),
             routes=_check_routes(self.routes),
+            replicas=replicas,
+            replica_timeout_ms=replica_timeout_ms,
         )
 
 

@@ -26,11 +26,14 @@ from goblin_claim import (
     Claimed,
     ClaimLostError,
     Completed,
+    InvalidArgumentTypeError,
     NotReplicatedError,
     ServerUnavailableError,
 )
 from goblin_claim.testing import fake_redis
+from goblin_claim.wsgi import IdempotencyMiddleware
 from tests.conftest import _binary, _valkey_binary, record, unique
+from tests.http.test_wsgi_unit import App, call
 from tests.support import servers
 
 FAST_SYNC = ("--repl-diskless-sync-delay", "0")
@@ -323,3 +326,26 @@ def test_a_renewal_refused_by_a_node_without_the_claim_is_transient_while_the_le
         plain._client = stale
         with pytest.raises(ClaimLostError):
             plain.extend()  # without replicas= the refusal is taken as it comes
+
+
+def test_the_http_door_takes_replicas_and_runs_nothing_on_an_unacknowledged_claim(
+    pair: tuple[servers.RedisProcess, servers.RedisProcess], frozen: Any, client: redis.Redis
+) -> None:
+    """A WSGI door with replicas=1: runs once and replays; replica frozen: 503, not run, the key given back."""
+    app = App()
+    door = IdempotencyMiddleware(app, client=client, replicas=1, replica_timeout_ms=5000, namespace="repl-door")
+    key = unique("door")
+    first = call(door, key=key)
+    assert first.status == 201
+    assert call(door, key=key).headers.get("idempotent-replayed") == "true"
+    assert app.runs == 1
+    frozen()
+    slow = IdempotencyMiddleware(app, client=client, replicas=1, replica_timeout_ms=TIMEOUT_MS, namespace="repl-door")
+    refused = unique("door")
+    assert call(slow, key=refused).status == 503
+    assert app.runs == 1  # the app never ran on a claim a failover could lose
+    plain = IdempotencyMiddleware(app, client=client, namespace="repl-door")
+    assert call(plain, key=refused).status == 201  # the key was given back: it runs now
+    assert app.runs == 2
+    with pytest.raises(InvalidArgumentTypeError):
+        IdempotencyMiddleware(app, client=client, replicas="1")  # type: ignore[arg-type]
