@@ -23,7 +23,7 @@ import redis.sentinel
 
 from goblin_claim import Claim, Claimed, ClaimLostError, NotReplicatedError, ServerUnavailableError
 from tests.conftest import missing
-from tests.support import nemesis, netns, partitions, servers
+from tests.support import netns, partitions, servers
 
 SERVERS = ("redis", "valkey")
 # A discovery through a cut-off first sentinel, bounded by SENTINEL_KWARGS, stays under this.
@@ -83,7 +83,6 @@ def test_a_partition_with_the_recipe_keeps_every_id_once(
         seconds=12,
         ids=60,
         deadline=30,
-        paths=nemesis.ALL_PATHS if scenario == "one-way" else partitions.PATHS,
     )
     outcome = partitions.run(settings)
     figures(f"partitions {topology} {scenario} {server} {client}: " + outcome.line())

@@ -596,8 +596,15 @@ class DoorPaths(nemesis.SyncPaths):
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [execution.value.encode()]
 
+        # The recipe's client side on the door too: its claim and its stored answer wait for a replica.
+        recipe = nemesis.REPLICATED if settings.recipe else {}
         self.door = IdempotencyMiddleware(
-            app, client=client, lease=settings.lease, wait=nemesis.WAIT, namespace=nemesis.namespace(HTTP_PATH)
+            app,
+            client=client,
+            lease=settings.lease,
+            wait=nemesis.WAIT,
+            namespace=nemesis.namespace(HTTP_PATH),
+            **recipe,
         )
 
     def _once(self, caller: Caller) -> str | None:
