@@ -105,9 +105,12 @@ async def store(claim: AsyncClaim, payload: bytes, status: int, fp: str) -> Lite
         logger.warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
         return "lost"
     except NotReplicatedError:
-        # Stored on the primary, which duplicates are answered from; a failover now could lose it.
-        logger.warning("key %s: the response was stored, but not acknowledged by enough replicas", _digest(claim))
-        return "stored"
+        # Stored on the primary alone: a failover now could lose it, and a retry then runs again.
+        # The answer goes out marked unstored, as the client must not count on it being kept.
+        logger.warning(
+            "key %s: the response was stored on the primary, but not acknowledged by enough replicas", _digest(claim)
+        )
+        return "failed"
     except GoblinClaimError as exc:
         # The app ran: its answer is sent all the same, marked unstored.
         logger.warning(

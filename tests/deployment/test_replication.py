@@ -339,13 +339,23 @@ def test_the_http_door_takes_replicas_and_runs_nothing_on_an_unacknowledged_clai
     assert first.status == 201
     assert call(door, key=key).headers.get("idempotent-replayed") == "true"
     assert app.runs == 1
-    frozen()
-    slow = IdempotencyMiddleware(app, client=client, replicas=1, replica_timeout_ms=TIMEOUT_MS, namespace="repl-door")
+
+    def freezing(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        frozen()  # after the claim was acknowledged, before the answer is stored
+        return list(app(environ, start_response))
+
+    slow = IdempotencyMiddleware(
+        freezing, client=client, replicas=1, replica_timeout_ms=TIMEOUT_MS, namespace="repl-door"
+    )
+    unacknowledged = call(slow, key=unique("door"))
+    assert unacknowledged.status == 201  # answered, but marked: the primary alone has it
+    assert unacknowledged.headers.get("idempotent-stored") == "false"
+    assert app.runs == 2
     refused = unique("door")
     assert call(slow, key=refused).status == 503
-    assert app.runs == 1  # the app never ran on a claim a failover could lose
+    assert app.runs == 2  # the app never ran on a claim a failover could lose
     plain = IdempotencyMiddleware(app, client=client, namespace="repl-door")
     assert call(plain, key=refused).status == 201  # the key was given back: it runs now
-    assert app.runs == 2
+    assert app.runs == 3
     with pytest.raises(InvalidArgumentTypeError):
         IdempotencyMiddleware(app, client=client, replicas="1")  # type: ignore[arg-type]

@@ -58,7 +58,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from goblin_claim import Claim
-from goblin_claim._http import UNSTORED_HEADER, claim_name
+from goblin_claim._http import LOST, UNSTORED_HEADER, claim_name
 from goblin_claim.wsgi import IdempotencyMiddleware
 from tests.support import nemesis, netns, servers, valkey_py
 from tests.support.nemesis import Caller, Execution, FaultEvent, Job, Ledger
@@ -587,10 +587,12 @@ class DoorPaths(nemesis.SyncPaths):
         self.group = group
         self.statuses: collections.Counter[str] = collections.Counter()
         ledger_ = ledger
+        self._ran = threading.local()  # the door calls the app on the caller's own thread
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
             caller = nemesis._caller.get()
             execution = ledger_.begin(environ["HTTP_IDEMPOTENCY_KEY"], caller)
+            self._ran.execution = execution  # this request's run, for _once to settle by the door's answer
             time.sleep(caller.job.work)
             execution.end = now()
             start_response("200 OK", [("Content-Type", "text/plain")])
@@ -632,6 +634,7 @@ class DoorPaths(nemesis.SyncPaths):
             "wsgi.url_scheme": "http",
             "wsgi.errors": sys.stderr,
         }
+        self._ran.execution = None
         result = self.door(environ, start_response)
         try:
             body = b"".join(result).decode()
@@ -651,7 +654,18 @@ class DoorPaths(nemesis.SyncPaths):
             return body
         if unstored:
             self.ledger.settle(body, "unstored")
+        ran = self._ran.execution
+        if code == "503" and ran is not None and ran.fate == "running" and _detail(body) == LOST:
+            # The door's ClaimLostError: this request ran, and its caller was told its answer was not kept.
+            ran.fate, ran.fate_at = "refused", now()
         return None  # a problem answer (409 in flight, 503 unavailable): asked again
+
+
+def _detail(body: str) -> object:
+    """A problem answer's ``detail`` (``None`` for any other body)."""
+    with contextlib.suppress(ValueError, AttributeError):
+        return json.loads(body).get("detail")
+    return None
 
 
 # --------------------------------------------------------------------------- a group's workload
