@@ -38,6 +38,7 @@ import io
 import json
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -1130,6 +1131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Exits 1 if a run with the recipe broke an invariant (runs without it are measured only).
     """
+    # A SIGTERM (a stopped make, a CI timeout) unwinds like Ctrl-C, so every namespace, rule and server goes.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     parser = argparse.ArgumentParser(prog="python -m tests.support.partitions", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs (seeds) per scenario and recipe")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds of cuts per run")
