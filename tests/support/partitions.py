@@ -98,6 +98,7 @@ class Settings:
         scenario: One of ``SCENARIOS``.
         client: ``redis-py`` or ``valkey-py``, for both groups.
         recipe: The manual's recipe (see the module's docstring).
+        acks: The recipe's ``replicas=`` on every path that takes it: 1, or every replica of a primary.
         seconds: How long cuts are started for.
         ids: Ids of the run (spread over the paths and over ``seconds``).
         seed: ``None``: ``NEMESIS_SEED`` or a fresh one.
@@ -113,6 +114,7 @@ class Settings:
     scenario: str = "split"
     client: str = "redis-py"
     recipe: bool = True
+    acks: int = 1
     seconds: float = 25.0
     ids: int = 300
     seed: int | None = None
@@ -152,6 +154,8 @@ def replay_command(settings: Settings, seed: int) -> str:
     ]
     if not settings.recipe:
         words.append("--no-recipe")
+    if settings.acks != 1:
+        words.append(f"--acks {settings.acks}")
     if settings.paths != PATHS:
         words.append("--paths " + ",".join(settings.paths))
     return " ".join(words)
@@ -1010,6 +1014,7 @@ def run(settings: Settings) -> Outcome:
     replay = replay_command(settings, seed)
     log(f"NEMESIS_SEED={seed} to replay: {replay}")
     nset = settings.nemesis()
+    nemesis.REPLICATED["replicas"] = settings.acks  # what every path's options and the door read
     cuts = plan_cuts(random.Random(f"cuts-{seed}"), settings.seconds, settings.scenario)
     jobs = nemesis.plan_workload(random.Random(f"workload-{seed}"), settings.seconds, nset.rate, settings.paths)
     log("cut plan: " + ", ".join(f"{cut.at:.1f}s for {cut.length:.1f}s" for cut in cuts))
@@ -1091,6 +1096,7 @@ def run(settings: Settings) -> Outcome:
             "server": Path(settings.binary).name,
             "client": settings.client,
             "recipe": settings.recipe,
+            "acks": settings.acks,
             "ids": len(idents),
             "callers": len(callers),
             "cuts": len(partitioner.events),
@@ -1145,6 +1151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--recipe-only", action="store_true", help="only runs with the recipe")
     parser.add_argument("--seed", type=int, default=None, help="the first run's seed (default NEMESIS_SEED, or fresh)")
     parser.add_argument("--lease", type=int, default=8)
+    parser.add_argument("--acks", type=int, default=1, help="the recipe's replicas= (2: every replica on Sentinel)")
     parser.add_argument("--deadline", type=float, default=40.0)
     parser.add_argument("--paths", default=",".join(PATHS))
     args = parser.parse_args(argv)
@@ -1170,6 +1177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         scenario=scenario,
                         client=args.client,
                         recipe=recipe,
+                        acks=args.acks,
                         seconds=args.seconds,
                         ids=args.ids,
                         seed=first + serial,
