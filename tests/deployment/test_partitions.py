@@ -80,6 +80,7 @@ def test_a_partition_with_the_recipe_keeps_every_id_once(
         scenario=scenario,
         client=client,
         recipe=True,
+        acks=2 if topology == "sentinel" else 1,  # the recipe: every replica (a cluster shard has one)
         seconds=12,
         ids=60,
         deadline=30,

@@ -1007,14 +1007,26 @@ class Outcome:
 
 
 def run(settings: Settings) -> Outcome:
-    """One partition run on a topology of its own: plan, cuts and workload at once, heal, check."""
+    """One partition run on a topology of its own: plan, cuts and workload at once, heal, check.
+
+    The recipe's ``replicas=`` (``settings.acks``) is set in ``nemesis.REPLICATED``, which every
+    path reads, for the run only.
+    """
+    before = nemesis.REPLICATED["replicas"]
+    nemesis.REPLICATED["replicas"] = settings.acks
+    try:
+        return _run(settings)
+    finally:
+        nemesis.REPLICATED["replicas"] = before
+
+
+def _run(settings: Settings) -> Outcome:
     seed = nemesis.seed_from_env(settings.seed)
     settings = replace(settings, seed=seed)
     log = settings.log or (lambda line: None)
     replay = replay_command(settings, seed)
     log(f"NEMESIS_SEED={seed} to replay: {replay}")
     nset = settings.nemesis()
-    nemesis.REPLICATED["replicas"] = settings.acks  # what every path's options and the door read
     cuts = plan_cuts(random.Random(f"cuts-{seed}"), settings.seconds, settings.scenario)
     jobs = nemesis.plan_workload(random.Random(f"workload-{seed}"), settings.seconds, nset.rate, settings.paths)
     log("cut plan: " + ", ".join(f"{cut.at:.1f}s for {cut.length:.1f}s" for cut in cuts))
