@@ -22,7 +22,7 @@ import redis
 import redis.sentinel
 
 from goblin_claim import Claim, Claimed, ClaimLostError, NotReplicatedError, ServerUnavailableError
-from tests.conftest import missing
+from tests.conftest import missing, until
 from tests.support import netns, partitions, servers
 
 SERVERS = ("redis", "valkey")
@@ -93,15 +93,6 @@ def test_a_partition_with_the_recipe_keeps_every_id_once(
     assert outcome.figures["ids_answered_not_in_record"] == 0, _held(outcome)
 
 
-def _until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 @pytest.mark.timeout(180)
 def test_the_old_primary_verdict_after_a_heal_is_transient(
     redis_server_binary: str, figures: Callable[[str], None]
@@ -111,9 +102,9 @@ def test_the_old_primary_verdict_after_a_heal_is_transient(
         assert isinstance(topo, partitions.SentinelTopology)
         old = topo.named_primary()
         topo.net.isolate(old)
-        assert _until(lambda: all(topo.named_primary(s) is not old for s in topo.sentinels), 30), "no failover"
+        assert until(lambda: all(topo.named_primary(s) is not old for s in topo.sentinels), 30), "no failover"
         new = topo.named_primary()
-        assert _until(lambda: topo.role(new).get("role") == "master", 15)
+        assert until(lambda: topo.role(new).get("role") == "master", 15)
 
         def plain(node: netns.Node) -> redis.Redis:
             return redis.Redis(host=node.address, port=partitions.DATA_PORT, socket_timeout=2, socket_connect_timeout=2)
@@ -126,7 +117,7 @@ def test_the_old_primary_verdict_after_a_heal_is_transient(
                 return isinstance(claim.acquire(), Claimed)  # the same token: a re-sent claim is Claimed
             return False
 
-        assert _until(lambda: topo.b.call(acquire), 30), "no claim on the new primary (its replica not in sync?)"
+        assert until(lambda: topo.b.call(acquire), 30), "no claim on the new primary (its replica not in sync?)"
         topo.net.heal()
         assert topo.role(old).get("role") == "master", "the old primary was demoted before complete() reached it"
         a_client = topo.a.call(lambda: plain(old))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from tests.support.servers import HOST
+from tests.support.servers import HOST, stop_by_pid
 
 
 @contextlib.contextmanager
@@ -157,13 +156,7 @@ def _serving(
         try:
             yield _ready(process, f"http://{HOST}:{sock.getsockname()[1]}", log, start_timeout), output
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
+            stop_by_pid(process, grace=15)
             output[0] = _read(log)
 
 

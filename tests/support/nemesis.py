@@ -653,12 +653,20 @@ def _text(value: object) -> str:
 class SyncWorkload:
     """Runs the sync jobs on a thread pool: three callers per job at its time, the retry after they end."""
 
-    def __init__(self, settings: Settings, paths: SyncPaths, jobs: list[Job], callers: list[Caller]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        paths: SyncPaths,
+        jobs: list[Job],
+        callers: list[Caller],
+        pool: concurrent.futures.ThreadPoolExecutor | None = None,
+    ) -> None:
         self.settings = settings
         self.paths = paths
         self.jobs = jobs
         self.callers = callers
-        self.pool = concurrent.futures.ThreadPoolExecutor(settings.threads, thread_name_prefix="nemesis-sync")
+        # The callers' threads: its own pool, or one given (a partition's client group runs in its namespace).
+        self.pool = pool or concurrent.futures.ThreadPoolExecutor(settings.threads, thread_name_prefix="nemesis-sync")
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._cond = threading.Condition()
         self._serial = 0
@@ -919,6 +927,18 @@ async def run_async_workload(
     if settings.recipe:
         replicated.update(await probe_async_replicas(client))
     paths = AsyncPaths(settings, client, ledger, frozenset(replicated))
+    try:
+        return await drive_async(paths, jobs, callers, t0, timeout)
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.aclose(), 10)
+
+
+async def drive_async(paths: AsyncPaths, jobs: list[Job], callers: list[Caller], t0: float, timeout: float) -> bool:
+    """Each job's three callers at its time and its retry after them, as tasks on this loop.
+
+    Returns whether every caller ended within ``timeout`` seconds of ``t0`` (the others are cancelled).
+    """
 
     def made(job: Job, role: str, give_back: int | None) -> Caller:
         caller = Caller(next(_caller_serial), job, role, give_back)
@@ -932,18 +952,14 @@ async def run_async_workload(
         await paths.call(made(job, "retry", job.give_back_after[3]))
 
     tasks = [asyncio.ensure_future(one(job)) for job in jobs]
-    try:
-        if not tasks:
-            return True
-        _done, hung = await asyncio.wait(tasks, timeout=max(0.0, t0 + timeout - now()))
-        for task in hung:
-            task.cancel()
-        if hung:
-            await asyncio.wait(hung, timeout=10)
-        return not hung
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.aclose(), 10)
+    if not tasks:
+        return True
+    _done, hung = await asyncio.wait(tasks, timeout=max(0.0, t0 + timeout - now()))
+    for task in hung:
+        task.cancel()
+    if hung:
+        await asyncio.wait(hung, timeout=10)
+    return not hung
 
 
 # --------------------------------------------------------------------------- the nemesis

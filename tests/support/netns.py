@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.support.servers import stop_by_pid
+
 # Every name a run makes starts with this and the run's four hex digits: gp1a2b-n0, gp1a2b-br...
 PREFIX = "gpn"
 NETNS_DIR = Path("/run/netns")
@@ -138,15 +140,7 @@ class Process:
 
     def stop(self) -> None:
         """SIGCONT then SIGTERM by PID; SIGKILL if it does not exit within 10 s."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGCONT)
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_by_pid(self.process)
 
 
 @dataclass

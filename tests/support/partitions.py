@@ -697,9 +697,7 @@ def _run_sync(
     if settings.recipe:
         replicated = frozenset(pool.submit(nemesis.probe_sync_replicas, client).result(120))
     paths = DoorPaths(nset, client, ledger, replicated, group.name)
-    workload = nemesis.SyncWorkload(nset, paths, jobs, group.callers)
-    workload.pool.shutdown()
-    workload.pool = pool  # the group's namespace: every caller runs on its threads
+    workload = nemesis.SyncWorkload(nset, paths, jobs, group.callers, pool)  # callers on the group's namespace
     try:
         group.finished["sync"] = workload.run(t0, timeout)
     finally:
@@ -718,28 +716,8 @@ async def _run_async(
     if settings.recipe:
         replicated.update(await nemesis.probe_async_replicas(client))
     paths = nemesis.AsyncPaths(nset, client, ledger, frozenset(replicated))
-
-    def made(job: Job, role: str, give_back: int | None) -> Caller:
-        caller = Caller(next(nemesis._caller_serial), job, role, give_back)
-        group.callers.append(caller)
-        return caller
-
-    async def one(job: Job) -> None:
-        await asyncio.sleep(max(0.0, t0 + job.at - now()))
-        await asyncio.gather(*(paths.call(made(job, "first", job.give_back_after[i])) for i in range(3)))
-        await asyncio.sleep(job.retry_after)
-        await paths.call(made(job, "retry", job.give_back_after[3]))
-
-    tasks = [asyncio.ensure_future(one(job)) for job in jobs]
     try:
-        if not tasks:
-            return True
-        _done, hung = await asyncio.wait(tasks, timeout=max(0.0, t0 + timeout - now()))
-        for task in hung:
-            task.cancel()
-        if hung:
-            await asyncio.wait(hung, timeout=10)
-        return not hung
+        return await nemesis.drive_async(paths, jobs, group.callers, t0, timeout)
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(client.aclose(), 10)

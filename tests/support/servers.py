@@ -81,15 +81,21 @@ class RedisProcess:
 
     def stop(self) -> None:
         """Stop the server by its PID and wait for it (a SIGSTOPped one is continued first)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_by_pid(self.process)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def stop_by_pid(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGCONT (a SIGSTOPped one), then SIGTERM by its PID; SIGKILL if it does not exit within ``grace`` s."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
 
 def start_server(binary: str, *extra: str, attempts: int = 5) -> RedisProcess:
