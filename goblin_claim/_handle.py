@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
 from ._clients.families import adapt
 from ._clients.kinds import _CLIENT_KINDS, check_client
-from ._defaults import DEFAULT_NAMESPACE, LEASE, TTL
+from ._defaults import DEFAULT_NAMESPACE, LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
 from ._errors import (
     ClaimLostError,
     InvalidArgumentError,
@@ -68,7 +68,7 @@ _STORED: Final = 1
 _COMPLETED_OTHERWISE: Final = 2
 _UNPROVEN: Final = 3  # claim_key empty, and nothing shows that nobody claimed it since
 # What each refusal says of the claim, as a message names it.
-_VERDICTS: Final = {
+_VERDICTS: Final[dict[object, str]] = {
     _COMPLETED_OTHERWISE: "completed with another value",
     _UNPROVEN: "gone",
     0: "held or completed by another token",
@@ -129,8 +129,8 @@ class ClaimBase(Generic[ClientT]):
         token: str | None = None,
         native: NativeMode = "auto",
         fencing: bool = False,
-        replicas: int = 0,
-        replica_timeout_ms: int = 500,
+        replicas: int = REPLICAS,
+        replica_timeout_ms: int = REPLICA_TIMEOUT_MS,
     ) -> None:
         # Each check takes its fast path inline for the valid, common case and
         # calls the full checker (which raises with a clear message) otherwise.
@@ -159,8 +159,13 @@ class ClaimBase(Generic[ClientT]):
         else:
             raise InvalidArgumentTypeError(f"fencing must be True or False, not {describe(fencing)}", key=key)
         # The default, no WAIT; exact types first, so False or 0.0 are refused below like any bad value.
-        if type(replicas) is int and replicas == 0 and type(replica_timeout_ms) is int and replica_timeout_ms == 500:
-            self._replicas, self._replica_timeout_ms = 0, 500
+        if (
+            type(replicas) is int
+            and replicas == REPLICAS
+            and type(replica_timeout_ms) is int
+            and replica_timeout_ms == REPLICA_TIMEOUT_MS
+        ):
+            self._replicas, self._replica_timeout_ms = REPLICAS, REPLICA_TIMEOUT_MS
         else:
             self._replicas, self._replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
 
@@ -481,12 +486,12 @@ class ClaimBase(Generic[ClientT]):
                 completed it with another value; nothing was written.
             NotReplicatedError: Stored, but too few replicas acknowledged it.
             ServerUnavailableError: With ``replicas``, a refusal from a node whose WAIT
-                showed fewer replicas than asked (see ``_unproven``); nothing was written.
+                showed fewer replicas than asked (see ``_unproven``); nothing changed.
         """
         if self._unproven(reply, acknowledged):
             raise ServerUnavailableError(
                 f"cannot complete {self.key!r} yet: the node that answered found the claim of token "
-                f"{self.token!r} {_VERDICTS.get(reply, 'not held') if type(reply) is int else 'not held'}, "
+                f"{self.token!r} {_VERDICTS.get(reply, 'not held')}, "
                 f"but only {acknowledged} of {self._replicas} "
                 f"replicas acknowledged within {self._replica_timeout_ms} ms, so it cannot show that it is the "
                 "primary (a node cut off by a partition, or one being deposed, answers from what it had); "
@@ -521,8 +526,9 @@ class ClaimBase(Generic[ClientT]):
 
         With ``replicas=N``, only a node that N replicas acknowledge is the primary as
         far as anyone can tell: a primary cut off by a partition (or just deposed)
-        still answers, from a data set the new primary has moved past, and a refusal
-        writes nothing that ``min-replicas-to-write`` could refuse. Its "gone" or
+        still answers, from a data set the new primary has moved past. With a WAIT
+        behind it the refusal rewrites what it read (complete.lua), so the WAIT
+        counts only replicas that follow this node. Its "gone" or
         "another's" is not evidence that the claim was lost, only that this node
         cannot say; without ``replicas`` no verdict can be checked this way.
         """

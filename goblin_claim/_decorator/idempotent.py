@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
-from .._defaults import LEASE, TTL
+from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
 from .._drivers.aio import AsyncClaim
 from .._drivers.sync import Claim
 from .._protocol.checks import (
@@ -49,8 +49,8 @@ def idempotent(
     replay_errors: tuple[type[BaseException], ...] = (),
     keep_alive: bool = True,
     native: NativeMode = "auto",
-    replicas: int = 0,
-    replica_timeout_ms: int = 500,
+    replicas: int = REPLICAS,
+    replica_timeout_ms: int = REPLICA_TIMEOUT_MS,
 ) -> Decorator:
     """Run the decorated function once per key; every duplicate gets an equal result.
 

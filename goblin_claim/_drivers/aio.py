@@ -26,7 +26,7 @@ from .._clients.transport import (
     state_of,
     to_the_end_async,
 )
-from .._defaults import LEASE, TTL
+from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -128,8 +128,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         ttl: int = TTL,
         token: str | None = None,
         native: NativeMode = "auto",
-        replicas: int = 0,
-        replica_timeout_ms: int = 500,
+        replicas: int = REPLICAS,
+        replica_timeout_ms: int = REPLICA_TIMEOUT_MS,
     ) -> AsyncClaim:
         """A handle on two exact keys, to share them with users of the raw protocol.
 
