@@ -156,6 +156,22 @@ def until(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+def wait_past_subscription(client: Any, waiter: Any, finish: Callable[[], object], timeout: float = 20) -> Any:
+    """``waiter.wait()`` run in a thread, with ``finish()`` called once its wake-up subscriber listens.
+
+    On a loaded machine the subscription can come a few polls late, and an announcement
+    made before it reaches nobody: a test of push wake-ups waits for it on the server.
+    """
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(waiter.wait(timeout=timeout)))
+    thread.start()
+    assert until(lambda: client.pubsub_numsub(waiter.claim_key)[0][1] >= 1, timeout=10), "never subscribed"
+    finish()
+    thread.join(timeout)
+    assert len(outcome) == 1, outcome
+    return outcome[0]
+
+
 async def until_async(condition: Callable[[], bool], timeout: float) -> bool:
     """``until`` for a test on an event loop: the loop runs between looks."""
     deadline = time.monotonic() + timeout

@@ -6,7 +6,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import redis
 import goblin_claim
 from goblin_claim import Claim, Claimed, Completed, ResultLostError, ResultNotSerializableError, idempotent
 from goblin_claim._events import key_digest
-from tests.conftest import unique
+from tests.conftest import unique, wait_past_subscription
 from tests.support.servers import HOST, RedisProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,9 +110,8 @@ def test_info_says_whether_waiters_are_woken_by_push(client: redis.Redis, caplog
     key = unique()
     owner = Claim(client, key)
     owner.acquire()
-    threading.Timer(0.3, owner.complete, args=(b"v",)).start()
     with caplog.at_level(logging.INFO, logger="goblin_claim.wakeup"):
-        assert isinstance(Claim(client, key).wait(timeout=10), Completed)
+        assert isinstance(wait_past_subscription(client, Claim(client, key), lambda: owner.complete(b"v")), Completed)
     wakeups = [r for r in caplog.records if r.name == "goblin_claim.wakeup" and r.levelno == logging.INFO]
     assert [r.wakeup for r in wakeups] == ["push"]  # type: ignore[attr-defined]
 

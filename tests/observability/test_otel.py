@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind
 
 import goblin_claim.otel
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, _events, idempotent
-from tests.conftest import unique, until, until_async
+from tests.conftest import unique, until, until_async, wait_past_subscription
 from tests.observability.conftest import Telemetry, start_telemetry
 from tests.support.servers import HOST, RedisProcess
 
@@ -163,8 +163,7 @@ def test_span_events_for_takeover_wakeup_reload_and_lost_lease(client: redis.Red
 
     owner = Claim(client, woken)
     owner.acquire()
-    threading.Timer(0.4, owner.complete, args=(b"v",)).start()
-    assert isinstance(Claim(client, woken).wait(timeout=10), Completed)
+    assert isinstance(wait_past_subscription(client, Claim(client, woken), lambda: owner.complete(b"v")), Completed)
 
     client.script_flush()
     Claim(client, unique()).acquire()
