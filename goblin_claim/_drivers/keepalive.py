@@ -537,11 +537,14 @@ class _Renewer:
                 _events.renewal(keeper._claim, "unavailable", now - sent_at, keeper._context, outcome)
 
     def _lose(self, keeper: KeepAlive) -> None:
-        """Mark ``keeper`` lost and renew it no more (lock held)."""
-        keeper.lost = True
+        """Mark ``keeper`` lost and renew it no more (lock held).
+
+        The event goes out first: whoever sees ``lost`` finds the loss already reported.
+        """
         keeper._stopped = True
         self._live.pop(keeper._number, None)
         _events.renewal(keeper._claim, "lease_lost", None, keeper._context, keeper._error)
+        keeper.lost = True
 
 
 _RENEWER = _Renewer()
