@@ -272,7 +272,16 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             # GOBLIN.CLAIM answers nil (a holder's token, on one key) both in flight and to a
             # re-send of our own claim (or a lost result); one read of holder and result,
             # together, tells them apart.
-            reply = await self._peek()
+            try:
+                reply = await self._peek()
+            except Exception:
+                raise
+            except BaseException:
+                # Interrupted before the read told them apart: a re-sent claim's first send
+                # may have taken it, and this handle would never hear of it. Give it back.
+                if sends.count > 1:
+                    await self._give_back()
+                raise
         if bare and (stored := self._stored_of(reply, acknowledged)) is not None:
             return stored
         resent = sends.count > 1
@@ -468,31 +477,46 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         schedule = self._wait_schedule(timeout)
         schedule.start(time.monotonic())
+        # Until when this handle held the claim before waiting: what the wait takes is
+        # the part of _mine_until past this, and only that is given back when interrupted.
+        held_until = self._mine_until
         # complete(), release() and forget() announce on the claim key's channel:
         # a wake-up cuts the sleep short. Polling stays, as the fallback and the guard.
         subscriber = wakeups(self._client)
         woken = subscriber.watch(self.claim_key) if subscriber is not None else None
         try:
-            while True:
-                if woken is not None:
-                    woken.clear()
-                failure = None
-                try:
-                    outcome = await self._acquire(None)  # its attempts are the wait's, not acquire events of their own
-                except ConnectionFailedError as exc:
-                    failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
-                else:
-                    if not isinstance(outcome, InFlight):
-                        return outcome
-                delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
-                if delay is None:
-                    raise failure or schedule.expired()
-                await sleep(woken, delay)
-                if _events.enabled:
-                    _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
-        finally:
-            if subscriber is not None and woken is not None:
-                await subscriber.unwatch(self.claim_key, woken)
+            try:
+                while True:
+                    if woken is not None:
+                        woken.clear()
+                    failure = None
+                    try:
+                        outcome = await self._acquire(None)  # its attempts are the wait's, not acquire events
+                    except ConnectionFailedError as exc:
+                        failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
+                    else:
+                        if not isinstance(outcome, InFlight):
+                            return outcome
+                    delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
+                    if delay is None:
+                        raise failure or schedule.expired()
+                    await sleep(woken, delay)
+                    if _events.enabled:
+                        _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
+            finally:
+                if subscriber is not None and woken is not None:
+                    await subscriber.unwatch(self.claim_key, woken)
+        except Exception:
+            raise
+        except BaseException:
+            # Interrupted (a cancelled task) after this wait took the claim, or may have (a
+            # failed attempt), but before its caller got the Claimed: while the listener
+            # stops, or sleeping after a failure. Nobody would do the work, and the claim
+            # would be held for the whole lease. Give it back. (An attempt interrupted on
+            # the wire gave it back itself, and let go: nothing is sent twice.)
+            if self._mine_until > held_until:
+                await self._give_back()
+            raise
 
     def keep_alive(self, interval: float | None = None) -> AsyncKeepAlive:
         """Renew the lease in the background while a block runs.

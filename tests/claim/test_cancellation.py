@@ -3,22 +3,29 @@
 A cancellation (``asyncio.wait_for``, ``asyncio.timeout``, a client gone) may land
 at any await. Whatever it hits, no key is left claimed by nobody and no result the
 function returned is dropped: a claim that may have been taken goes back, and a
-returned result is stored before the cancellation goes on. The sweeps cancel a
-call after 0, 1, 2, ... event-loop iterations until it finishes uncancelled, so
-every point where the flow really suspends is hit once.
+returned result is stored before the cancellation goes on.
+
+Two sweeps look for a point that leaks. One cancels a call after 0, 1, 2, ...
+event-loop turns, so every point where the flow suspends is hit once, in turns.
+The other cancels it 0, 20, 40, ... microseconds after it starts, until one call
+finishes uncancelled: where the flow waits on the wire (a reply, a pooled
+connection, the wake-up listener stopping), how many turns a stage takes depends
+on the interpreter and the load, and only a sweep in time lands in each stage
+wherever it falls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio
 
-from goblin_claim import AsyncClaim, Completed, idempotent
+from goblin_claim import AsyncClaim, Claimed, Completed, idempotent
 from goblin_claim._protocol.record import DONE_PREFIX
 from tests.conftest import Backend, unique
 from tests.support import servers
@@ -29,6 +36,18 @@ from tests.support.proxy import FaultProxy
 BACKENDS = ("standalone", "native", "cluster")
 NAMESPACE = "cancel"
 
+# The time sweep's step, and the most time it may sweep before a call finishes uncancelled.
+STEP = 20e-6
+TIME_BUDGET = 30.0
+# How long a key may stay claimed once a cancelled call has raised, before the check
+# fails: a give-back runs shielded and ends before the cancellation goes on, so a
+# correct flow leaves the key settled at the first read; this only absorbs a slow read.
+GIVE_BACK = 0.5
+
+# Arms a cancellation of a task; returns what disarms it once the task is done, which
+# tells whether the cancellation had been delivered (the task may have finished first).
+Cancel = Callable[["asyncio.Task[Any]"], Callable[[], bool]]
+
 
 async def _cancel_after(task: asyncio.Task[Any], iterations: int) -> None:
     for _ in range(iterations):
@@ -36,17 +55,73 @@ async def _cancel_after(task: asyncio.Task[Any], iterations: int) -> None:
     task.cancel()
 
 
-async def _run_cancelled(make: Callable[[], Awaitable[Any]], iterations: int) -> bool:
-    """Run ``make()`` as a task cancelled after ``iterations`` loop turns; whether the cancellation hit it."""
+def _after_turns(iterations: int) -> Cancel:
+    """Cancel after ``iterations`` turns of the event loop."""
+
+    def arm(task: asyncio.Task[Any]) -> Callable[[], bool]:
+        canceller = asyncio.ensure_future(_cancel_after(task, iterations))
+
+        def disarm() -> bool:
+            delivered = canceller.done()
+            canceller.cancel()
+            return delivered
+
+        return disarm
+
+    return arm
+
+
+def _after_seconds(seconds: float) -> Cancel:
+    """Cancel at the loop's first turn ``seconds`` or more after the call starts."""
+
+    def arm(task: asyncio.Task[Any]) -> Callable[[], bool]:
+        delivered = False
+
+        def fire() -> None:
+            nonlocal delivered
+            delivered = True
+            task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(seconds, fire)
+
+        def disarm() -> bool:
+            timer.cancel()
+            return delivered
+
+        return disarm
+
+    return arm
+
+
+def _in_turns(count: int) -> Iterator[Cancel]:
+    """After 0, 1, 2, ... ``count - 1`` loop turns."""
+    return (_after_turns(iterations) for iterations in range(count))
+
+
+def _in_time() -> Iterator[Cancel]:
+    """After 0, ``STEP``, 2 ``STEP``, ... seconds, for up to ``TIME_BUDGET`` seconds of sweeping."""
+    deadline = time.monotonic() + TIME_BUDGET
+    step = 0
+    while time.monotonic() < deadline:
+        yield _after_seconds(step * STEP)
+        step += 1
+
+
+# What a call armed with a cancellation did: raised it, finished though it was
+# delivered (redis-py lets some pass: the command finishes), or finished before it came.
+HIT, PASSED, FINISHED = "hit", "passed", "finished"
+
+
+async def _run_cancelled(make: Callable[[], Awaitable[Any]], cancel: Cancel) -> str:
+    """Run ``make()`` as a task with ``cancel`` armed on it: ``HIT``, ``PASSED`` or ``FINISHED``."""
     task = asyncio.ensure_future(make())
-    canceller = asyncio.ensure_future(_cancel_after(task, iterations))
+    disarm = cancel(task)
     try:
         await task
     except asyncio.CancelledError:
-        return True
-    finally:
-        canceller.cancel()
-    return False
+        disarm()
+        return HIT
+    return PASSED if disarm() else FINISHED
 
 
 async def _holder(client: Any, key: str) -> bytes | str | None:
@@ -55,9 +130,23 @@ async def _holder(client: Any, key: str) -> bytes | str | None:
     return value
 
 
+async def _settled_holder(client: Any, key: str) -> bytes | str | None:
+    """The claim key's value after a cancelled call: read at once, again for up to ``GIVE_BACK`` s while claimed."""
+    deadline = time.monotonic() + GIVE_BACK
+    while True:
+        holder = await _holder(client, key)
+        if holder is None or _is_done(holder) or time.monotonic() > deadline:
+            return holder
+        await asyncio.sleep(0.01)
+
+
 def _is_done(holder: bytes | str | None) -> bool:
     text = holder.decode() if isinstance(holder, bytes) else holder
     return text is not None and text.startswith(DONE_PREFIX)
+
+
+def _holds(holder: bytes | str | None, claim: AsyncClaim) -> bool:
+    return holder in (claim.token, claim.token.encode())
 
 
 async def _turns(make: Callable[[], Awaitable[Any]]) -> int:
@@ -71,43 +160,65 @@ async def _turns(make: Callable[[], Awaitable[Any]]) -> int:
     return turns
 
 
-async def _sweep(client: Any, decorated: Callable[[str], Awaitable[Any]], returned: collections.Counter[str]) -> int:
-    """Cancel a first call at each loop turn in turn; check every key and retry it. The number of calls hit."""
-    # Past the turns an uncancelled first call takes, with room for a slower run.
-    turns = await _turns(lambda: decorated(unique("measure")))
+async def _decorated(client: Any) -> tuple[Callable[[str], Awaitable[Any]], collections.Counter[str]]:
+    """An ``@idempotent`` function counting its returns per key, used once (the probe) before a sweep."""
+    returned: collections.Counter[str] = collections.Counter()
+
+    @idempotent(client, key="order", lease=30, wait=0, namespace=NAMESPACE)
+    async def charge(order: str) -> dict[str, str]:
+        await asyncio.sleep(0)  # the function's own await: a cancellation there is its raising
+        returned[order] += 1
+        return {"order": order}
+
+    await charge(unique("warm"))  # first use probes the server: sweep the steady state
+    return charge, returned
+
+
+async def _sweep(
+    client: Any,
+    decorated: Callable[[str], Awaitable[Any]],
+    returned: collections.Counter[str],
+    cancels: Iterator[Cancel],
+    until_finished: bool = False,
+) -> int:
+    """Cancel a first call with each of ``cancels``; check every key and retry it. The number of calls hit.
+
+    ``until_finished``: stop after the first call that finished before its cancellation came, which must come.
+    """
     hit = 0
-    for iterations in range(2 * turns + 10):
+    for i, cancel in enumerate(cancels):
         key = unique("sweep")
-        # redis-py lets some cancellations pass (the command finishes): those calls count as not hit.
-        hit += await _run_cancelled(lambda key=key: decorated(key), iterations)  # type: ignore[misc]
+        ran = await _run_cancelled(lambda key=key: decorated(key), cancel)  # type: ignore[misc]
+        hit += ran == HIT
         # Never claimed by nobody: free, or completed with the first run's result.
-        holder = await _holder(client, key)
-        assert holder is None or _is_done(holder), (iterations, holder)
-        assert _is_done(holder) is (returned[key] == 1), (iterations, holder, returned[key])
+        holder = await _settled_holder(client, key)
+        assert holder is None or _is_done(holder), (i, ran, holder)
+        assert _is_done(holder) is (returned[key] == 1), (i, ran, holder, returned[key])
         # The retry gets the result at once (wait=0: a blocked key raises), from the one run.
-        assert await decorated(key) == {"order": key}, iterations
-        assert returned[key] == 1, (iterations, returned[key])
+        assert await decorated(key) == {"order": key}, i
+        assert returned[key] == 1, (i, returned[key])
+        if until_finished and ran == FINISHED:
+            return hit
+    assert not until_finished, "the call never finished before its cancellation"
     return hit
 
 
 def test_a_cancellation_at_any_await_of_the_async_decorator_blocks_no_key_and_drops_no_result(
     backend: Backend,
 ) -> None:
-    """Cancelled at each await in turn, @idempotent leaves the key free or completed; the work returns once."""
+    """Cancelled at each await in turn, @idempotent leaves the key free or completed; the work returns once.
+
+    The key is read right after each cancellation, and again for up to ``GIVE_BACK``
+    (0.5 s) while it is still claimed.
+    """
 
     async def main() -> int:
         client = backend.async_()
-        returned: collections.Counter[str] = collections.Counter()
-
-        @idempotent(client, key="order", lease=30, wait=0, namespace=NAMESPACE)
-        async def charge(order: str) -> dict[str, str]:
-            await asyncio.sleep(0)  # the function's own await: a cancellation there is its raising
-            returned[order] += 1
-            return {"order": order}
-
         try:
-            await charge(unique("warm"))  # first use probes the server: sweep the steady state
-            return await _sweep(client, charge, returned)
+            charge, returned = await _decorated(client)
+            # Past the turns an uncancelled first call takes, with room for a slower run.
+            turns = await _turns(lambda: charge(unique("measure")))
+            return await _sweep(client, charge, returned, _in_turns(2 * turns + 10))
         finally:
             await client.aclose()
 
@@ -115,30 +226,156 @@ def test_a_cancellation_at_any_await_of_the_async_decorator_blocks_no_key_and_dr
     assert hit >= 3  # the claim, the function and the store each suspend at least once
 
 
-def test_a_cancellation_at_any_await_of_async_wait_leaves_no_takeover_held(backend: Backend) -> None:
-    """A wait() cancelled at each await in turn, while a lapsed claim is taken over, gives back what it took."""
+def test_a_cancellation_at_any_moment_of_the_async_decorator_blocks_no_key_and_drops_no_result(
+    backend: Backend,
+) -> None:
+    """Cancelled 0, 20, 40, ... µs into a call until one finishes, @idempotent leaves the key free or completed.
 
-    async def main() -> None:
+    The key is read right after each cancellation, and again for up to ``GIVE_BACK``
+    (0.5 s) while it is still claimed: free, or completed exactly when the function
+    returned; the retry replays that one run.
+    """
+
+    async def main() -> int:
         client = backend.async_()
         try:
-            for iterations in range(2000):
-                key = unique("wait")
-                # A crashed owner: its claim lapses in about 1 s (PEXPIRE makes it sooner).
-                crashed = AsyncClaim(client, key, namespace=NAMESPACE, lease=1)
-                await crashed.acquire()
-                await client.pexpire(crashed.claim_key, 5)
-                await asyncio.sleep(0.01)
-                waiter = AsyncClaim(client, key, namespace=NAMESPACE, lease=30)
-                if not await _run_cancelled(lambda waiter=waiter: waiter.wait(timeout=5), iterations):  # type: ignore[misc]
-                    assert await client.get(waiter.claim_key) in (waiter.token, waiter.token.encode())
-                    return
-                # Cancelled: the takeover (if it happened) was given back, so the key is free.
-                assert await client.get(waiter.claim_key) is None, iterations
+            charge, returned = await _decorated(client)
+            return await _sweep(client, charge, returned, _in_time(), until_finished=True)
         finally:
             await client.aclose()
-        raise AssertionError("wait() never finished uncancelled")
 
-    asyncio.run(main())
+    hit = asyncio.run(main())
+    assert hit >= 3  # a call spans more than three steps: the first ones cannot all miss it
+
+
+async def _sweep_acquire(client: Any, cancels: Iterator[Cancel]) -> int:
+    """Cancel ``acquire()`` of a free key with each of ``cancels``, until one finishes before it.
+
+    Returns the number of calls the cancellation reached (raised or let pass).
+    """
+    await AsyncClaim(client, unique("warm"), namespace=NAMESPACE).acquire()  # the probe, before the sweep
+    reached = 0
+    for i, cancel in enumerate(cancels):
+        claim = AsyncClaim(client, unique("acquire"), namespace=NAMESPACE, lease=30)
+        got: list[object] = []
+
+        async def acquire(claim: AsyncClaim = claim, got: list[object] = got) -> None:
+            got.append(await claim.acquire())
+
+        ran = await _run_cancelled(acquire, cancel)
+        reached += ran != FINISHED
+        if ran == HIT:
+            # Cancelled: a claim it may have taken was given back, so the key is free.
+            assert await _settled_holder(client, claim.key) is None, i
+            continue
+        # Finished: its caller has the claim.
+        assert isinstance(got[0], Claimed), (i, ran, got)
+        assert _holds(await client.get(claim.claim_key), claim), (i, ran)
+        if ran == FINISHED:
+            return reached
+    raise AssertionError("acquire() never finished before its cancellation")
+
+
+def test_a_cancellation_at_any_await_of_async_acquire_leaves_no_claim_held(backend: Backend) -> None:
+    """An acquire() cancelled at each await in turn gives back what it may have taken.
+
+    The key is read right after each cancellation, and again for up to ``GIVE_BACK``
+    (0.5 s) while it is still claimed: it must be free by then.
+    """
+
+    async def main() -> int:
+        client = backend.async_()
+        try:
+            return await _sweep_acquire(client, _in_turns(2000))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) >= 1
+
+
+def test_a_cancellation_at_any_moment_of_async_acquire_leaves_no_claim_held(backend: Backend) -> None:
+    """An acquire() cancelled 0, 20, 40, ... µs in, until one finishes, gives back what it may have taken.
+
+    The key is read right after each cancellation, and again for up to ``GIVE_BACK``
+    (0.5 s) while it is still claimed: it must be free by then.
+    """
+
+    async def main() -> int:
+        client = backend.async_()
+        try:
+            return await _sweep_acquire(client, _in_time())
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) >= 1
+
+
+async def _sweep_wait(client: Any, cancels: Iterator[Cancel]) -> int:
+    """Cancel a ``wait()`` taking a lapsed claim over with each of ``cancels``, until one finishes before it.
+
+    Returns the number of calls the cancellation reached (raised or let pass).
+    """
+    reached = 0
+    for i, cancel in enumerate(cancels):
+        key = unique("wait")
+        # A crashed owner: its claim lapses in about 1 s (PEXPIRE makes it sooner).
+        crashed = AsyncClaim(client, key, namespace=NAMESPACE, lease=1)
+        await crashed.acquire()
+        await client.pexpire(crashed.claim_key, 5)
+        await asyncio.sleep(0.01)
+        waiter = AsyncClaim(client, key, namespace=NAMESPACE, lease=30)
+        got: list[object] = []
+
+        async def wait(waiter: AsyncClaim = waiter, got: list[object] = got) -> None:
+            got.append(await waiter.wait(timeout=5))
+
+        ran = await _run_cancelled(wait, cancel)
+        reached += ran != FINISHED
+        if ran == HIT:
+            # Cancelled: the takeover (if it happened) was given back, so the key is free.
+            assert await _settled_holder(client, key) is None, i
+            continue
+        # Finished: its caller took the work over.
+        assert isinstance(got[0], Claimed), (i, ran, got)
+        assert _holds(await client.get(waiter.claim_key), waiter), (i, ran)
+        if ran == FINISHED:
+            return reached
+    raise AssertionError("wait() never finished before its cancellation")
+
+
+def test_a_cancellation_at_any_await_of_async_wait_leaves_no_takeover_held(backend: Backend) -> None:
+    """A wait() cancelled at each await in turn, while a lapsed claim is taken over, gives back what it took.
+
+    The key is read right after each cancellation, and again for up to ``GIVE_BACK``
+    (0.5 s) while it is still claimed: it must be free by then.
+    """
+
+    async def main() -> int:
+        client = backend.async_()
+        try:
+            return await _sweep_wait(client, _in_turns(2000))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) >= 1
+
+
+def test_a_cancellation_at_any_moment_of_async_wait_leaves_no_takeover_held(backend: Backend) -> None:
+    """A wait() cancelled 0, 20, 40, ... µs in, until one finishes, gives back the lapsed claim it took over.
+
+    The key is read right after each cancellation, and again for up to ``GIVE_BACK``
+    (0.5 s) while it is still claimed: it must be free by then, not held for the
+    new lease (30 s) by a waiter that is gone.
+    """
+
+    async def main() -> int:
+        client = backend.async_()
+        try:
+            return await _sweep_wait(client, _in_time())
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) >= 1
 
 
 def test_a_store_waiting_for_a_pooled_connection_ends_before_the_timeout_goes_on(backend: Backend) -> None:
