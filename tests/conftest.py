@@ -17,10 +17,16 @@ Tests about a server's own behaviour (failover, persistence, replication, ACL, d
 the module) run on both servers: through ``each_server`` (the session's servers of a
 tier) or, when they start servers of their own, a module's ``SERVERS = ("redis", "valkey")``.
 
+Redis 8 (``make redis8-server``: redis-server 8.2) runs a subset, to keep the suite's
+time, chosen to reach every path of the drivers (REDIS8_SUITES says which and why):
+``redis8``, ``redis8-cluster``, ``redis8-native`` and ``redis8-native-cluster`` in the core,
+batch, decorator and owner-check suites, ``"redis8"`` in ``each_server`` (the doctor), in
+the ACL, replication and module tests, and the Sentinel re-dial.
+
 Real servers start once per session on free loopback ports (once per process under
-pytest-xdist: ``make test`` runs two). Outside CI a missing redis-server or
-valkey-server (or a module that does not build) skips their tests; with ``CI`` set
-it fails them.
+pytest-xdist: ``make test`` runs two). Outside CI a missing redis-server, valkey-server
+or Redis 8 redis-server (or a module that does not build) skips their tests; with
+``CI`` set it fails them.
 """
 
 from __future__ import annotations
@@ -74,6 +80,25 @@ SENTINEL_BACKENDS = ("sentinel", "valkey-sentinel")
 SENTINEL_SUITES = frozenset(
     {"tests.claim.test_claim", "tests.faults.test_failure_path", "tests.decorator.test_idempotent"}
 )
+# Redis 8.2 (``make redis8-server``) on the tiers that reach every path of the drivers, in
+# the suites of REDIS8_SUITES (each the tiers listed for it): ``redis8`` the direct path
+# (EVALSHA, EVAL on a cold script cache), the COMMAND INFO probe and push wake-ups;
+# ``redis8-cluster`` the cluster client's command-table probe, routing, per-node pipelines
+# and keep-alive lanes, and sharded pub/sub; ``redis8-native`` and ``redis8-native-cluster``
+# GOBLIN.CLAIM / GOBLIN.CAD on each; both drivers everywhere; and the probe finding no owner
+# check on 8.2 (its replies are the scripts'). ``replicas=`` (WAIT) runs on a Redis 8 primary
+# and replica in tests/deployment/test_replication.py, the Sentinel re-dial on the session's
+# Redis 8 group in tests/deployment/test_sentinel.py. Left to Redis 7 and Valkey, for the
+# suite's time: the suites' replica and Sentinel tiers (the same commands through the same
+# code) and the failover, persistence, nemesis, partition and fault scenarios (the servers'
+# own replication and failover, whose replies Redis 8.2 words as Redis 7 does).
+REDIS8_BACKENDS = ("redis8", "redis8-cluster", "redis8-native", "redis8-native-cluster")
+REDIS8_SUITES: dict[str, tuple[str, ...]] = {
+    "tests.claim.test_claim": REDIS8_BACKENDS,
+    "tests.claim.test_batch": ("redis8", "redis8-cluster"),
+    "tests.decorator.test_idempotent": ("redis8", "redis8-cluster"),
+    "tests.protocol.test_valkey_owner_checks": ("redis8", "redis8-cluster"),
+}
 # Client families beside redis-py, each a tuple of backends that run its clients on the
 # session's servers (the Driver's ``raw`` client stays redis-py). They join the suites of
 # CLIENT_SUITES: the core and failure-path suites run with every family.
@@ -206,6 +231,18 @@ def _valkey_binary() -> str:
     return binary
 
 
+def _redis8_binary() -> str:
+    binary = servers.redis8_server_binary()
+    if binary is None:
+        missing("Redis 8's redis-server is not there (make redis8-server unpacks it; make test too)")
+    return binary
+
+
+def server_binary(server: str) -> str:
+    """The binary of a server kind: ``"redis"`` (Redis 7), ``"valkey"`` or ``"redis8"``; missing: see ``missing``."""
+    return {"valkey": _valkey_binary, "redis8": _redis8_binary}.get(server, _binary)()
+
+
 class _SentinelRedis(redis.Redis):
     """A ``master_for`` client whose ``close()`` also closes its Sentinel's own connections."""
 
@@ -298,14 +335,15 @@ def redis_server_binary(request: pytest.FixtureRequest) -> str:
     """The server binary for tests that start servers of their own: redis-server.
 
     In a module that sets ``SERVERS = ("redis", "valkey")`` each such test runs on
-    redis-server and again on valkey-server (ids ``redis`` and ``valkey``).
+    redis-server and again on valkey-server (ids ``redis`` and ``valkey``); ``"redis8"``
+    in ``SERVERS`` adds Redis 8's redis-server (id ``redis8``).
     """
-    return _valkey_binary() if getattr(request, "param", "redis") == "valkey" else _binary()
+    return server_binary(getattr(request, "param", "redis"))
 
 
-@pytest.fixture(params=["redis", "valkey"])
+@pytest.fixture(params=["redis", "valkey", "redis8"])
 def each_server(request: pytest.FixtureRequest) -> Callable[[str], Any]:
-    """The session's server of a tier, on redis-server and then on valkey-server (ids ``redis``, ``valkey``).
+    """The session's server of a tier, on redis-server 7, valkey-server and Redis 8 (ids redis, valkey, redis8).
 
     Call it with the tier: ``"standalone"``, ``"replicated"``, ``"cluster"``, ``"sentinel"``,
     ``"native"`` or ``"native_cluster"`` (what the ``redis_<tier>`` fixtures give).
@@ -363,7 +401,7 @@ def goblin_module() -> str:
 # ``redis_replicated`` (a primary with one replica), ``redis_cluster`` (three primaries),
 # ``redis_sentinel`` (a primary, two replicas, three sentinels; never failed over),
 # ``redis_native`` and ``redis_native_cluster`` (the reference module loaded), and the
-# same six as ``valkey_*`` on valkey-server.
+# same six as ``valkey_*`` on valkey-server and ``redis8_*`` on Redis 8's redis-server.
 _TIERS: dict[str, tuple[Callable[[str, tuple[str, ...]], Any], bool]] = {
     "standalone": (lambda binary, extra: servers.standalone(binary, *extra), False),
     "replicated": (lambda binary, extra: servers.primary_with_replica(binary), False),
@@ -378,7 +416,7 @@ def _session_server(server: str, tier: str) -> Any:
     start, module = _TIERS[tier]
 
     def fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
-        binary = _valkey_binary() if server == "valkey" else _binary()
+        binary = server_binary(server)
         extra = ("--loadmodule", request.getfixturevalue("goblin_module")) if module else ()
         with start(binary, extra) as made:
             yield made
@@ -399,6 +437,12 @@ valkey_cluster = _session_server("valkey", "cluster")
 valkey_sentinel = _session_server("valkey", "sentinel")
 valkey_native = _session_server("valkey", "native")
 valkey_native_cluster = _session_server("valkey", "native_cluster")
+redis8_standalone = _session_server("redis8", "standalone")
+redis8_replicated = _session_server("redis8", "replicated")
+redis8_cluster = _session_server("redis8", "cluster")
+redis8_sentinel = _session_server("redis8", "sentinel")
+redis8_native = _session_server("redis8", "native")
+redis8_native_cluster = _session_server("redis8", "native_cluster")
 
 
 # --------------------------------------------------------------------------- backends
@@ -554,11 +598,11 @@ def _family_backend(
 CHECK_BACKENDS = frozenset({"fake", "fake-native", "standalone"})
 CHECK_OTHER_TIERS = frozenset(
     {f"redis_{tier}" for tier in _TIERS if tier != "standalone"}
-    | {f"valkey_{tier}" for tier in _TIERS}
+    | {f"{server}_{tier}" for server in ("valkey", "redis8") for tier in _TIERS}
     | {"goblin_module", "own_server", "redis_server_binary", "broker"}
 )
 CHECK_FOLDERS_LEFT_OUT = frozenset({"deployment", "docs", "cli"})
-CHECK_OTHER_WORDS = frozenset({"valkey", "cluster", "replica", "replicated", "sentinel", "native", "glide"})
+CHECK_OTHER_WORDS = frozenset({"valkey", "redis8", "cluster", "replica", "replicated", "sentinel", "native", "glide"})
 
 
 def _process_starters() -> tuple[Any, ...]:
@@ -629,20 +673,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     backends = tuple(getattr(metafunc.module, "BACKENDS", BACKENDS))
     if metafunc.module.__name__ in SENTINEL_SUITES:
         backends += SENTINEL_BACKENDS
+    backends += REDIS8_SUITES.get(metafunc.module.__name__, ())
     for family, names in CLIENT_BACKENDS.items():
         if metafunc.module.__name__ in FAMILY_SUITES.get(family, CLIENT_SUITES):
             backends += names
     metafunc.parametrize("backend", backends, indirect=True)
 
 
-# The Valkey tiers: backend name -> (session fixture, is a cluster, loads the reference module).
-_VALKEY_FIXTURES: dict[str, tuple[str, bool, bool]] = {
-    "valkey": ("valkey_standalone", False, False),
-    "valkey-replica": ("valkey_replicated", False, False),
-    "valkey-cluster": ("valkey_cluster", True, False),
-    "valkey-native": ("valkey_native", False, True),
-    "valkey-native-cluster": ("valkey_native_cluster", True, True),
-    "valkey-sentinel": ("valkey_sentinel", False, False),
+# The Valkey and Redis 8 tiers: backend name -> (session fixture, is a cluster, loads the
+# reference module). Every Redis 8 tier is here, for a test to choose by name; the suites
+# run those of REDIS8_SUITES.
+_OTHER_SERVER_FIXTURES: dict[str, tuple[str, bool, bool]] = {
+    f"{server}{suffix}": (f"{server}_{tier}", cluster, native)
+    for server in ("valkey", "redis8")
+    for suffix, tier, cluster, native in (
+        ("", "standalone", False, False),
+        ("-replica", "replicated", False, False),
+        ("-cluster", "cluster", True, False),
+        ("-native", "native", False, True),
+        ("-native-cluster", "native_cluster", True, True),
+        ("-sentinel", "sentinel", False, False),
+    )
 }
 
 
@@ -685,10 +736,10 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     elif name == "glide-cluster":
         nodes = request.getfixturevalue("redis_cluster")
         made = glide_backend(name, servers.HOST, nodes[0].port, cluster=True)
-    elif name in _VALKEY_FIXTURES:
-        fixture, cluster, native = _VALKEY_FIXTURES[name]
+    elif name in _OTHER_SERVER_FIXTURES:
+        fixture, cluster, native = _OTHER_SERVER_FIXTURES[name]
         value = request.getfixturevalue(fixture)
-        if name == "valkey-sentinel":
+        if name.endswith("-sentinel"):
             made = sentinel_backend(name, value)
         else:
             port = value[0].port if isinstance(value, (list, tuple)) else value.port  # a replica pair: its primary

@@ -1,6 +1,6 @@
 """``goblin-claim``: doctor, inspect and forget against real servers (in process, and the installed script).
 
-doctor's checks of a server run on redis-server and again on valkey-server (``each_server``).
+doctor's checks of a server run on redis-server 7, valkey-server and Redis 8 (``each_server``).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def test_an_evicting_policy_without_maxmemory_is_a_note() -> None:
 
 
 # The server's refusal, by kind: a command, or a key ("no permissions to access one of the
-# keys" on Redis 7, "No permissions to access a key" on Valkey 9).
+# keys" on Redis 7, "No permissions to access a key" on Valkey 9 and Redis 8).
 @pytest.mark.parametrize(
     ("commands", "keys", "refusal", "grant"),
     [(["+@all", "-evalsha"], "goblin:*", r"'evalsha' command", "+evalsha"),

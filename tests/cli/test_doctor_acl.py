@@ -1,6 +1,6 @@
 """``goblin-claim doctor`` names what a restricted ACL user lacks, per operation, on real servers.
 
-Each test runs on redis-server and again on valkey-server (the session's servers).
+Each test runs on redis-server 7, valkey-server and Redis 8 (the session's servers).
 
 The commands each operation needs are read from the scripts themselves; publishing
 and subscribing only wake waiters (they poll without), so lacking them is a note.
@@ -20,16 +20,16 @@ from tests.conftest import unique
 from tests.support import servers
 
 
-@pytest.fixture(params=["redis", "valkey"])
+@pytest.fixture(params=["redis", "valkey", "redis8"])
 def standalone(request: pytest.FixtureRequest) -> servers.RedisProcess:
-    """The session's standalone server: redis-server, then valkey-server."""
+    """The session's standalone server: redis-server 7, valkey-server, Redis 8."""
     server: servers.RedisProcess = request.getfixturevalue(f"{request.param}_standalone")
     return server
 
 
-@pytest.fixture(params=["redis", "valkey"])
+@pytest.fixture(params=["redis", "valkey", "redis8"])
 def with_module(request: pytest.FixtureRequest) -> servers.RedisProcess:
-    """The session's standalone server with the reference module: redis-server, then valkey-server."""
+    """The session's standalone server with the reference module: redis-server 7, valkey-server, Redis 8."""
     server: servers.RedisProcess = request.getfixturevalue(f"{request.param}_native")
     return server
 

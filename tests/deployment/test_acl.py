@@ -1,7 +1,7 @@
 """Restricted ACL users: the narrowest lines the README gives, each run through every operation.
 
 Each test makes a user of its own (``ACL SETUSER``) with one line, on a real
-redis-server and again on valkey-server (the reference module loaded for the
+redis-server 7, valkey-server and Redis 8 (the reference module loaded for the
 native lines), and drives
 claim, in-flight, extend, keep-alive, wait, complete, duplicate, release, forget
 and a batch after a lost script cache through it, with both drivers. Without
@@ -47,13 +47,13 @@ LINES = {
 }
 
 
-# An ACL refusal inside a script, by kind: Redis says "The user executing the script can't
-# run this command or subcommand", Valkey "ACL failure in script: User u has no permissions
-# to run the 'time' command".
+# An ACL refusal inside a script, by kind: Redis 7.0 says "The user executing the script
+# can't run this command or subcommand", Valkey and Redis 8 "ACL failure in script: User u
+# has no permissions to run the 'time' command".
 REFUSED_IN_SCRIPT = r"can't run this command|ACL failure in script"
 
 
-@pytest.fixture(params=["redis", "valkey"])
+@pytest.fixture(params=["redis", "valkey", "redis8"])
 def user_client(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A factory on each server: (line, native) -> (namespace, username, password, admin client, server port)."""
     made: list[tuple[redis.Redis, str]] = []

@@ -5,7 +5,7 @@ reply that wrote nothing (a stored result read back, a re-sent complete, a claim
 this handle already held, on a fresh connection) would make it count nothing.
 The scripts rewrite what they read, unchanged, so the WAIT behind them means it.
 Each test freezes the replica (SIGSTOP) where a write must not be reported as
-replicated, and counts what the SDK says; on redis-server, then on valkey-server.
+replicated, and counts what the SDK says; on redis-server 7, valkey-server and Redis 8.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from goblin_claim import (
 )
 from goblin_claim.testing import fake_redis
 from goblin_claim.wsgi import IdempotencyMiddleware
-from tests.conftest import _binary, _valkey_binary, record, unique
+from tests.conftest import record, server_binary, unique
 from tests.http.test_wsgi_unit import App, call
 from tests.support import servers
 
@@ -41,11 +41,10 @@ FAST_SYNC = ("--repl-diskless-sync-delay", "0")
 TIMEOUT_MS = 300
 
 
-@pytest.fixture(scope="module", params=["redis", "valkey"])
+@pytest.fixture(scope="module", params=["redis", "valkey", "redis8"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[servers.RedisProcess, servers.RedisProcess]]:
     """A primary and its replica for this module (the session's replica is never frozen), on each server."""
-    binary = _valkey_binary() if request.param == "valkey" else _binary()
-    with servers.primary_with_replica(binary, FAST_SYNC) as made:
+    with servers.primary_with_replica(server_binary(request.param), FAST_SYNC) as made:
         with contextlib.closing(made[0].client()) as client:
             client.set(unique("warm"), 1)
             assert client.wait(1, 10000) == 1  # the replica acknowledges before the first test
@@ -246,8 +245,7 @@ def test_async_read_back_and_batch_wait_too(
 @pytest.fixture(scope="module")
 def deposed(pair: tuple[servers.RedisProcess, servers.RedisProcess]) -> Iterator[servers.RedisProcess]:
     """A primary with no replica and none of the pair's data: what a partition's old side looks like to a client."""
-    binary = _valkey_binary() if "valkey" in str(pair[0].process.args) else _binary()
-    with servers.standalone(binary) as made:
+    with servers.standalone(pair[0].args[0]) as made:  # the pair's own server binary
         yield made
 
 

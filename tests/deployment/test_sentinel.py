@@ -41,7 +41,7 @@ from goblin_claim import (
     StillInFlightError,
     idempotent,
 )
-from goblin_claim._clients.transport import _check_leads, doubt_primary
+from goblin_claim._clients.transport import _DOUBTED, _check_leads, doubt_primary
 from tests.conftest import unique
 from tests.support import servers
 
@@ -503,6 +503,53 @@ def test_a_doubted_pool_redials_only_a_primary_most_sentinels_name(plain_group: 
             client.close()
             for own in sentinel.sentinels:
                 own.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_doubted_pool_redials_the_primary_the_sentinels_name_on_each_server(
+    each_server: Callable[[str], Any], kind: str
+) -> None:
+    """The re-dial on each server's Sentinel (Redis 7, Valkey, Redis 8): every sentinel asked, the primary checked.
+
+    The session's group, never failed over: once doubted, the pool's next claim asks every
+    sentinel (``SENTINEL MASTERS``), dials the primary most of them name, checks its ``ROLE``
+    and only then sends; the pool is trusted again after.
+    """
+    group: servers.SentinelGroup = each_server("sentinel")
+    primary = (servers.HOST, group.primary_port())
+    fast = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+    if kind == "sync":
+        sentinel = redis.sentinel.Sentinel(group.addresses, sentinel_kwargs=fast, **fast)
+        client = sentinel.master_for(servers.SERVICE, retry=redis.retry.Retry(NoBackoff(), 1), **fast)
+        try:
+            assert isinstance(Claim(client, unique("warm")).acquire(), Claimed)
+            doubt_primary(client.connection_pool)
+            assert client.connection_pool in _DOUBTED
+            assert isinstance(Claim(client, unique("doubted")).acquire(), Claimed)
+            assert client.connection_pool not in _DOUBTED
+            assert client.connection_pool.master_address == primary
+        finally:
+            client.close()
+            for own in sentinel.sentinels:
+                own.close()
+        return
+
+    async def scenario() -> None:
+        sentinel = redis.asyncio.sentinel.Sentinel(group.addresses, sentinel_kwargs=fast, **fast)
+        client = sentinel.master_for(servers.SERVICE, retry=redis.asyncio.retry.Retry(NoBackoff(), 1), **fast)
+        try:
+            assert isinstance(await AsyncClaim(client, unique("warm")).acquire(), Claimed)
+            doubt_primary(client.connection_pool)
+            assert client.connection_pool in _DOUBTED
+            assert isinstance(await AsyncClaim(client, unique("doubted")).acquire(), Claimed)
+            assert client.connection_pool not in _DOUBTED
+            assert client.connection_pool.master_address == primary
+        finally:
+            await client.aclose()
+            for own in sentinel.sentinels:
+                await own.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_a_node_the_sentinels_name_must_say_it_is_the_primary(plain_group: servers.SentinelGroup) -> None:

@@ -4,7 +4,7 @@ The SDK takes the native path where the module is loaded (standalone and cluster
 and gets the same outcomes as on the scripts; the module's writes reach a replica
 and an AOF as plain commands, so neither needs the module; it keeps WATCH, ACL
 key patterns and cluster routing working as the scripted form does. Every test
-runs on redis-server and again on valkey-server.
+runs on redis-server 7, on valkey-server and on Redis 8's redis-server.
 """
 
 from __future__ import annotations
@@ -38,20 +38,20 @@ def commandstats(client: Any) -> dict[str, int]:
     return counts
 
 
-# The tests that start servers of their own run on both (tests/conftest.py).
-SERVERS = ("redis", "valkey")
+# The tests that start servers of their own run on all three (tests/conftest.py).
+SERVERS = ("redis", "valkey", "redis8")
 
 
 @pytest.fixture(params=SERVERS)
 def with_module(request: pytest.FixtureRequest) -> servers.RedisProcess:
-    """The session's standalone server with the module: redis-server, then valkey-server."""
+    """The session's standalone server with the module: redis-server 7, valkey-server, Redis 8."""
     server: servers.RedisProcess = request.getfixturevalue(f"{request.param}_native")
     return server
 
 
 @pytest.fixture(params=SERVERS)
 def cluster_with_module(request: pytest.FixtureRequest) -> list[servers.RedisProcess]:
-    """The session's cluster with the module on every node: redis-server, then valkey-server."""
+    """The session's cluster with the module on every node: redis-server 7, valkey-server, Redis 8."""
     nodes: list[servers.RedisProcess] = request.getfixturevalue(f"{request.param}_native_cluster")
     return nodes
 
@@ -87,7 +87,17 @@ def test_sdk_sends_goblin_claim_and_cad_where_the_module_is_loaded(native_client
 
 
 @pytest.mark.parametrize(
-    "backend", ["fake-native", "native", "native-cluster", "valkey-native", "valkey-native-cluster"], indirect=True
+    "backend",
+    [
+        "fake-native",
+        "native",
+        "native-cluster",
+        "valkey-native",
+        "valkey-native-cluster",
+        "redis8-native",
+        "redis8-native-cluster",
+    ],
+    indirect=True,
 )
 def test_the_native_backends_take_the_native_path(driver: Driver) -> None:
     """The suites' native backends are native: both drivers detect GOBLIN.CLAIM and claim through it."""

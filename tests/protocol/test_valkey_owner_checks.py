@@ -3,11 +3,11 @@
 On Valkey 9 (valkey-server without the module) the probe the SDK already sends
 finds DELIFEQ, and with it SET's IFEQ option: extend(), keep-alive renewals,
 release() and release_many() then send those instead of the scripts, and must
-answer exactly as the scripts do on Redis 7 (which has neither, and keeps the
-scripts). Checked on both drivers, standalone and clustered: the replies and
-errors side by side, the commands the server counted, a lost reply re-sent, a
-dropped connection, a command the user's ACL refuses or maxmemory refuses (the
-script then), and ``native="never"``.
+answer exactly as the scripts do on Redis 7 and Redis 8.2 (which have neither, and
+keep the scripts: SET's IFEQ and DELEX come with Redis 8.4). Checked on both
+drivers, standalone and clustered: the replies and errors side by side, the
+commands the server counted, a lost reply re-sent, a dropped connection, a
+command the user's ACL refuses or maxmemory refuses (the script then), and ``native="never"``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from tests.conftest import Driver, Runner, SyncView, missing, stored, unique, un
 from tests.support import servers
 from tests.support.proxy import FaultProxy, Faults
 
-# Valkey 9 has the owner checks; Debian's redis-server 7 has neither.
+# Valkey 9 has the owner checks; Debian's redis-server 7 and Redis 8.2 have none (the
+# suites add ``redis8`` and ``redis8-cluster``: REDIS8_SUITES in tests/conftest.py).
 BACKENDS = ("valkey", "valkey-cluster", "standalone", "cluster")
 OWNER_CHECKS = frozenset({DELIFEQ, SET_IFEQ})
 
@@ -94,7 +95,7 @@ def _keep_alive(driver: Any, handle: Any, done: Callable[[Any], bool], interval:
 
 
 def test_the_probe_finds_the_owner_checks_where_the_server_has_them(driver: Driver) -> None:
-    """Valkey 9's probe lists DELIFEQ and infers SET IFEQ (not DELEX, new in 9.2); Redis 7's lists none."""
+    """Valkey 9's probe lists DELIFEQ and infers SET IFEQ (not DELEX, new in 9.2); Redis 7's and 8.2's list none."""
     handle = driver.claim(unique())
     assert isinstance(handle.acquire(), Claimed)
     found = state_of(driver.client).native
@@ -213,9 +214,9 @@ def test_replies_and_errors_are_the_scripts(driver: Driver, scenario: str, nativ
 # --------------------------------------------------------------------------- the commands sent
 
 
-@pytest.mark.parametrize("backend", ["valkey", "standalone"], indirect=True)
+@pytest.mark.parametrize("backend", ["valkey", "standalone", "redis8"], indirect=True)
 def test_the_server_runs_set_ifeq_and_delifeq_on_valkey_and_the_scripts_on_redis(driver: Driver) -> None:
-    """INFO commandstats: on Valkey 9 extend and renewals are SETs and release a DELIFEQ; on Redis 7 EVALSHAs."""
+    """INFO commandstats: on Valkey 9 extend and renewals are SETs, release a DELIFEQ; on Redis 7 and 8.2 EVALSHAs."""
     handle = driver.claim(unique("sent"), lease=3)
     assert isinstance(handle.acquire(), Claimed)  # the probe and SCRIPT LOAD come before the counting
     _reset_stats(driver.raw)
@@ -252,7 +253,7 @@ def test_native_never_keeps_the_scripts_on_valkey(driver: Driver) -> None:
     assert "delifeq" not in stats
 
 
-@pytest.mark.parametrize("backend", ["valkey", "valkey-cluster", "standalone"], indirect=True)
+@pytest.mark.parametrize("backend", ["valkey", "valkey-cluster", "standalone", "redis8"], indirect=True)
 def test_release_many_sends_delifeq_with_each_wake_up_in_one_round_trip(driver: Driver) -> None:
     """release_many on Valkey: one DELIFEQ and one announcement per claim; one not held answers False."""
     handles = [driver.claim(unique("many")) for _ in range(3)]
