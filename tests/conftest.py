@@ -19,7 +19,7 @@ tier) or, when they start servers of their own, a module's ``SERVERS = ("redis",
 
 Redis 8 (``make redis8-server``: redis-server 8.2) runs a subset, to keep the suite's
 time, chosen to reach every path of the drivers (REDIS8_SUITES says which and why):
-``redis8``, ``redis8-cluster``, ``redis8-native`` and ``redis8-native-cluster`` in the core,
+``redis8``, ``redis8-cluster`` and ``redis8-native`` in the core suite, the first two in the
 batch, decorator and owner-check suites, ``"redis8"`` in ``each_server`` (the doctor), in
 the ACL, replication and module tests, and the Sentinel re-dial.
 
@@ -81,20 +81,21 @@ SENTINEL_SUITES = frozenset(
     {"tests.claim.test_claim", "tests.faults.test_failure_path", "tests.decorator.test_idempotent"}
 )
 # Redis 8.2 (``make redis8-server``) on the tiers that reach every path of the drivers, in
-# the suites of REDIS8_SUITES (each the tiers listed for it): ``redis8`` the direct path
-# (EVALSHA, EVAL on a cold script cache), the COMMAND INFO probe and push wake-ups;
-# ``redis8-cluster`` the cluster client's command-table probe, routing, per-node pipelines
-# and keep-alive lanes, and sharded pub/sub; ``redis8-native`` and ``redis8-native-cluster``
-# GOBLIN.CLAIM / GOBLIN.CAD on each; both drivers everywhere; and the probe finding no owner
-# check on 8.2 (its replies are the scripts'). ``replicas=`` (WAIT) runs on a Redis 8 primary
-# and replica in tests/deployment/test_replication.py, the Sentinel re-dial on the session's
-# Redis 8 group in tests/deployment/test_sentinel.py. Left to Redis 7 and Valkey, for the
-# suite's time: the suites' replica and Sentinel tiers (the same commands through the same
-# code) and the failover, persistence, nemesis, partition and fault scenarios (the servers'
-# own replication and failover, whose replies Redis 8.2 words as Redis 7 does).
-REDIS8_BACKENDS = ("redis8", "redis8-cluster", "redis8-native", "redis8-native-cluster")
+# the suites of REDIS8_SUITES (each the tiers listed for it), both drivers everywhere:
+# ``redis8`` the direct path (EVALSHA, EVAL on a cold script cache), the COMMAND INFO probe
+# and push wake-ups; ``redis8-cluster`` the cluster client's command-table probe, routing,
+# per-node pipelines and keep-alive lanes, and sharded pub/sub; ``redis8-native``
+# GOBLIN.CLAIM / GOBLIN.CAD; and the probe finding no owner check on 8.2 (its replies are the
+# scripts'). GOBLIN.CLAIM / GOBLIN.CAD through a cluster client run on the Redis 8 cluster
+# with the module in tests/protocol/test_reference_module.py, ``replicas=`` (WAIT) on a Redis 8
+# primary and replica in tests/deployment/test_replication.py, the Sentinel re-dial on the
+# session's Redis 8 group in tests/deployment/test_sentinel.py. Left to Redis 7 and Valkey,
+# for the suite's time: the suites' replica, Sentinel and native-cluster tiers (the same
+# commands through the same code) and the failover, persistence, nemesis, partition and
+# fault scenarios (the servers' own replication and failover, whose replies Redis 8.2
+# words as Redis 7 does). Each cluster tier costs most: about 20 s of ``make test`` a suite.
 REDIS8_SUITES: dict[str, tuple[str, ...]] = {
-    "tests.claim.test_claim": REDIS8_BACKENDS,
+    "tests.claim.test_claim": ("redis8", "redis8-cluster", "redis8-native"),
     "tests.claim.test_batch": ("redis8", "redis8-cluster"),
     "tests.decorator.test_idempotent": ("redis8", "redis8-cluster"),
     "tests.protocol.test_valkey_owner_checks": ("redis8", "redis8-cluster"),

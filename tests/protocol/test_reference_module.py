@@ -100,11 +100,13 @@ def test_sdk_sends_goblin_claim_and_cad_where_the_module_is_loaded(native_client
     indirect=True,
 )
 def test_the_native_backends_take_the_native_path(driver: Driver) -> None:
-    """The suites' native backends are native: both drivers detect GOBLIN.CLAIM and claim through it."""
+    """The suites' native backends are native: both drivers detect GOBLIN.CLAIM and claim through it, then release."""
     handle = driver.claim(unique(), native="always")
     assert isinstance(handle.acquire(), Claimed)
     assert state_of(driver.client).native >= frozenset(NATIVE_COMMANDS)
     assert driver.backend.native
+    assert handle.release() is True  # GOBLIN.CAD (on Valkey its own DELIFEQ, preferred)
+    assert driver.raw.exists(handle.claim_key) == 0
 
 
 def test_sdk_on_the_module_cluster_routes_native_commands_to_each_keys_node(
