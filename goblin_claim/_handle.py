@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
@@ -531,8 +532,15 @@ class ClaimBase(Generic[ClientT]):
         counts only replicas that follow this node. Its "gone" or
         "another's" is not evidence that the claim was lost, only that this node
         cannot say; without ``replicas`` no verdict can be checked this way.
+
+        Once the lease this handle took is over by its own clock, the claim is not its
+        own any more, whichever node answered: the verdict stands (a renewal's is
+        weighed the same way, ``_not_renewed``). A handle that never took the claim
+        itself (adopted by token) has no such clock, and the verdict stays unproven.
         """
-        return reply != _STORED and acknowledged is not None and acknowledged < self._replicas
+        if reply == _STORED or acknowledged is None or acknowledged >= self._replicas:
+            return False
+        return not self._mine_until or time.monotonic() < self._mine_until
 
     def _not_replicated(self, action: str, acknowledged: int) -> NotReplicatedError:
         held = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -277,6 +278,28 @@ def test_a_refusal_from_a_node_that_cannot_show_it_leads_is_transient_and_writes
         assert {name: stale.dump(name) for name in stale.keys("*")} == before  # nothing written there
     owner.complete(b"charged")  # the same complete on the primary stores
     assert Claim(client, key).acquire() == Completed(key=key, value=b"charged")
+
+
+@pytest.mark.parametrize("when", ["within the lease", "after the lease"])
+def test_an_owners_unproven_refusal_is_transient_only_while_its_lease_lasts(
+    deposed: servers.RedisProcess, client: redis.Redis, when: str
+) -> None:
+    """replicas=1: complete()'s unproven "gone" is transient inside the lease by the handle's clock, lost after it.
+
+    Once the lease the handle took is over by its own clock the claim cannot be its own,
+    whichever node answered: retrying (as @idempotent does while the lease lasts) would only
+    end in a connection error that hides that the work's claim was lost.
+    """
+    owner = Claim(client, unique(), lease=1, replicas=1, replica_timeout_ms=TIMEOUT_MS)
+    assert isinstance(owner.acquire(), Claimed)
+    if when == "after the lease":
+        time.sleep(1.1)
+    with contextlib.closing(deposed.client()) as stale:
+        owner._client = stale  # the owner's complete() reaches a node that lacks its claim
+        with pytest.raises(ServerUnavailableError if when == "within the lease" else ClaimLostError) as caught:
+            owner.complete(b"charged")
+        assert isinstance(caught.value, ClaimLostError) == (when == "after the lease")
+        assert not stale.exists(owner.claim_key, owner.result_key)
 
 
 def test_without_replicas_a_gone_claim_stays_claim_lost(deposed: servers.RedisProcess) -> None:
