@@ -9,7 +9,9 @@ a key already moved answers ``ASK``: the round goes to the importing node behind
 ``ASKING``. Every command the SDK sends is safe to send twice, so a round sent
 again is a re-send, counted in its ``Sends``. A connection that fails has the
 slot table refreshed before the error goes up, so the caller's next try reaches
-the promoted replica.
+the promoted replica. One refresh at a time per client: callers that fail while
+one is under way (or just after it) leave it to that one, and an asyncio client's
+is its own refresh, never one beside it.
 
 This module imports no client library: it drives whichever cluster client it is
 handed (redis-py's or valkey-py's, sync or asyncio) through the few methods both
@@ -19,8 +21,10 @@ have (``get_node_from_key``, ``nodes_manager``).
 from __future__ import annotations
 
 import contextlib
+import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .families import CONNECTION_ERRORS, RESPONSE_ERRORS, make_node_client
@@ -34,6 +38,8 @@ __all__ = ["is_redirect", "node_round", "node_round_async"]
 _REDIRECTS = 5
 # A slot table refreshed this recently is not refreshed again for another caller.
 _REFRESH_EVERY = 0.1
+# Held while a caller decides whether it refreshes a client's slot table (and marks it under way).
+_REFRESH_LOCK = threading.Lock()
 
 
 def _redirect(reply: object) -> tuple[str, str, int] | None:
@@ -67,14 +73,29 @@ def _unrun(sends: Sends | None) -> None:
         sends.count -= 1
 
 
-def _due(cluster: Any) -> bool:
-    """Whether ``cluster``'s slot table may be refreshed now (once per ``_REFRESH_EVERY`` for all callers)."""
+@contextlib.contextmanager
+def _refreshing(cluster: Any) -> Iterator[bool]:
+    """Whether the block may refresh ``cluster``'s slot table: no other caller's refresh under way or just ended.
+
+    One refresh at a time per client, for all its threads or tasks, and none within
+    ``_REFRESH_EVERY`` of the last one's end. A refresh asks the startup nodes in turn,
+    each one cut off costing a connect timeout: across a partition it takes seconds,
+    and callers failing meanwhile would start more, spaced by ``_REFRESH_EVERY`` only.
+    valkey-py's asyncio refreshes do not coalesce: each makes every node anew and
+    closes the connections of the ones it replaced, under every other caller's
+    command, whose failures asked for more: across a flapping partition dozens ran
+    at once, and single calls waited tens of seconds behind them.
+    """
     state = state_of(cluster)
-    now = time.monotonic()
-    if now - state.refreshed < _REFRESH_EVERY:
-        return False
-    state.refreshed = now
-    return True
+    with _REFRESH_LOCK:
+        due = time.monotonic() - state.refreshed >= _REFRESH_EVERY
+        if due:
+            state.refreshed = math.inf  # under way: when it ends, it is stamped with its end
+    try:
+        yield due
+    finally:
+        if due:
+            state.refreshed = time.monotonic()
 
 
 def _moved(cluster: Any, reply: object) -> None:
@@ -83,8 +104,10 @@ def _moved(cluster: Any, reply: object) -> None:
     move = getattr(manager, "move_slot", None)  # redis-py 6+; valkey-py refreshes instead
     if move is not None and hasattr(reply, "slot_id"):
         move(reply)
-    elif _due(cluster):
-        manager.initialize()
+        return
+    with _refreshing(cluster) as due:
+        if due:
+            manager.initialize()
 
 
 async def _moved_async(cluster: Any, reply: object) -> None:
@@ -93,8 +116,28 @@ async def _moved_async(cluster: Any, reply: object) -> None:
     move = getattr(manager, "move_slot", None)
     if move is not None and hasattr(reply, "slot_id"):
         await move(reply)
-    elif _due(cluster):
-        await manager.initialize()
+        return
+    with _refreshing(cluster) as due:
+        if due:
+            await _refresh_async(cluster)
+
+
+async def _refresh_async(cluster: Any) -> None:
+    """Refresh an asyncio cluster client's slot table through its own refresh, where it has one.
+
+    redis-py's and valkey-py's asyncio clients refresh under a lock of theirs, once,
+    when a command finds their ``_initialize`` flag set (which a connection error of
+    theirs sets): flagged the same way, the SDK's refresh waits for one under way and
+    is that one, rather than running beside it. valkey-py's refresh makes every node
+    anew and closes the connections of the ones it replaced: one running beside
+    another fails it (its ``CLUSTER SLOTS`` cut under it), and every command waits for
+    the next.
+    """
+    if isinstance(getattr(cluster, "_initialize", None), bool) and hasattr(cluster, "initialize"):
+        cluster._initialize = True
+        await cluster.initialize()
+    else:
+        await cluster.nodes_manager.initialize()
 
 
 def _node(cluster: Any, key: str, asking: tuple[str, int] | None) -> Any:
@@ -147,8 +190,8 @@ def node_round(
         try:
             replies = send_direct_many(pool, sent, sends)[len(sent) - len(commands) :]
         except CONNECTION_ERRORS:
-            if _due(cluster):  # the node may be gone: the next try learns who took its slots
-                with contextlib.suppress(Exception):
+            with _refreshing(cluster) as due, contextlib.suppress(Exception):
+                if due:  # the node may be gone: the next try learns who took its slots
                     cluster.nodes_manager.initialize()
             raise
         found = _followed(replies, follow, sends)
@@ -171,9 +214,9 @@ async def node_round_async(
         try:
             replies = (await _on_node(node, sent, sends))[len(sent) - len(commands) :]
         except CONNECTION_ERRORS:
-            if _due(cluster):
-                with contextlib.suppress(Exception):
-                    await cluster.nodes_manager.initialize()
+            with _refreshing(cluster) as due, contextlib.suppress(Exception):
+                if due:
+                    await _refresh_async(cluster)
             raise
         found = _followed(replies, follow, sends)
         if found is None:
