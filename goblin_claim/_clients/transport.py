@@ -36,6 +36,10 @@ except ImportError:  # valkey-py is optional
 T = TypeVar("T")
 
 
+def _no_pool() -> None:
+    return None
+
+
 @dataclass
 class ClientState:
     """What one client has learned about its server.
@@ -54,12 +58,28 @@ class ClientState:
     ready: bool = False
     text: tuple[str, bool] | None = None
     wake: str | None = None
-    direct: Any = None
+    # ``direct``, held weakly. _STATES keeps a state until its client's finalizer runs, and
+    # a client the cycle collector frees (the frames of its exceptions' tracebacks refer to
+    # it) runs that finalizer only during the collection that frees it: a pool held here
+    # strongly was still reachable from _STATES then, and outlived the collection with all
+    # its connections. The client holds its own pool: the reference lasts while it lives.
+    _direct: Callable[[], Any] = field(default=_no_pool, repr=False)
     # When a cluster client's slot table was last refreshed by the SDK (``_clients.cluster``).
     refreshed: float = 0.0
     # One lock per world: threads of a sync client, tasks of an asyncio client.
     sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     async_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def direct(self) -> Any:
+        return self._direct()
+
+    @direct.setter
+    def direct(self, pool: Any) -> None:
+        try:
+            self._direct = weakref.ref(pool) if pool is not None else _no_pool
+        except TypeError:  # a pool class that takes no weak references
+            self._direct = lambda: pool
 
 
 # Keyed by id() for a cheap lookup on every call; the finalizer drops an entry
