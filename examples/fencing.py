@@ -83,6 +83,8 @@ def main() -> None:
     (status,) = db.execute("SELECT status FROM ledger WHERE order_id = ?", (order,)).fetchone()
     print(f"\n== the ledger says: {status}")
     slow.forget()
+    db.close()
+    client.close()
 
 
 if __name__ == "__main__":
