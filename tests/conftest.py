@@ -6,9 +6,9 @@ The core, failure-path and decorator suites also run behind Sentinel (``sentinel
 primary, two replicas, three sentinels, reached through ``Sentinel.master_for``).
 Modules that set ``BACKENDS = ALL_BACKENDS`` also run on redis-server with the
 reference module loaded (``native``, ``native-cluster``: the SDK takes the native path).
-Every real-server tier runs again on Valkey's valkey-server (``make valkey-server``):
-``valkey``, ``valkey-replica``, ``valkey-cluster``, ``valkey-native``,
-``valkey-native-cluster`` and ``valkey-sentinel``. A client-kind axis (CLIENT_BACKENDS)
+The real-server tiers run again on Valkey's valkey-server (``make valkey-server``):
+``valkey``, ``valkey-cluster`` and ``valkey-native`` (why not every product of
+server and tier: VALKEY_SERVER_BACKENDS). A client-kind axis (CLIENT_BACKENDS)
 runs the clients of other families on the redis-server tiers: ``valkey-py`` and
 ``valkey-py-cluster`` (valkey-py, in the core, failure-path, decorator and wake-up
 suites), and GLIDE's.
@@ -66,17 +66,25 @@ from tests.support import servers
 
 IN_CI = bool(os.environ.get("CI"))
 # The real-server tiers run twice: on Debian's redis-server and on Valkey's valkey-server
-# (``make valkey-server``), the Valkey ones named ``valkey-<tier>``.
-VALKEY_SERVER_BACKENDS = ("valkey", "valkey-replica", "valkey-cluster")
+# (``make valkey-server``), the Valkey ones named ``valkey-<tier>``. Each factor meets each
+# other once, not in every product: Valkey standalone, clustered and with the module, but its
+# replica, its module on a cluster and its Sentinel group not in the suites. Those send the
+# same commands through the same code as the tiers that do run (a replica pair's primary,
+# native-cluster and sentinel on redis-server; valkey-native and valkey-cluster), and Valkey's
+# own replication, failover and module are tried where they differ: tests/deployment
+# (test_replication.py, test_sentinel.py, test_failover.py) and the module's tests run on both
+# servers. They left the suites for make test's time (about 3.5 min of test time a run); their
+# session fixtures stay, for a test to ask for by name.
+VALKEY_SERVER_BACKENDS = ("valkey", "valkey-cluster")
 BACKENDS = ("fake", "fake-native", "standalone", "replica", "cluster", *VALKEY_SERVER_BACKENDS)
 # redis-server with the reference module (GOBLIN.CLAIM / GOBLIN.CAD), standalone and
 # clustered (the module on every node). Opt-in per test module, to keep the suite's time.
-NATIVE_BACKENDS = ("native", "native-cluster", "valkey-native", "valkey-native-cluster")
+NATIVE_BACKENDS = ("native", "native-cluster", "valkey-native")
 ALL_BACKENDS = BACKENDS + NATIVE_BACKENDS
 # A primary with two replicas behind three sentinels, reached through redis-py's Sentinel
 # clients (the failover recipe's retries). Added to the core, failure-path and decorator
 # suites only (SENTINEL_SUITES): their failover scenarios live in tests/deployment/test_sentinel.py.
-SENTINEL_BACKENDS = ("sentinel", "valkey-sentinel")
+SENTINEL_BACKENDS = ("sentinel",)
 SENTINEL_SUITES = frozenset(
     {"tests.claim.test_claim", "tests.faults.test_failure_path", "tests.decorator.test_idempotent"}
 )
