@@ -13,3 +13,5 @@ TTL: Final = 86400
 # replicas=: how many replicas must acknowledge a claim and a result (WAIT), and for how long it waits.
 REPLICAS: Final = 0
 REPLICA_TIMEOUT_MS: Final = 500
+# checkpoints=True: the largest progress checkpoint() stores, in bytes (encoded).
+CHECKPOINT_MAX_BYTES: Final = 64 * 1024

@@ -7,6 +7,7 @@ claim's ``key`` (``None`` only when the key itself was the bad argument)::
     ├── InvalidArgumentError      (also a ValueError)  bad lease, ttl, key, token, value
     ├── InvalidArgumentTypeError  (also a TypeError)   an argument of the wrong type
     ├── ClaimLostError            this token no longer holds the claim
+    ├── InterruptedWorkError      at_most_once: an earlier attempt ended without a result
     ├── ResultLostError           done, but the value is gone (two keys: evicted, deleted)
     ├── StillInFlightError        wait() reached its deadline, the work is still running
     ├── PayloadMismatchError      same key, different arguments (the decorator)
@@ -26,10 +27,13 @@ the claim" is not an error: ``acquire()`` returns ``InFlight`` for it.
 
 from __future__ import annotations
 
+import datetime
+
 __all__ = [
     "ClaimLostError",
     "ConnectionFailedError",
     "GoblinClaimError",
+    "InterruptedWorkError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "NativeUnavailableError",
@@ -80,7 +84,36 @@ class ClaimLostError(GoblinClaimError):
     Attributes:
         result: For the ``@idempotent`` decorator, the value the function computed
             after its claim was lost; ``None`` otherwise.
+        holder: The token that holds or completed the claim instead, when the server
+            said (a refused ``complete()``); ``None`` when it did not, or nobody does.
     """
+
+    def __init__(
+        self, message: str, *, key: str | None = None, result: object = None, holder: str | None = None
+    ) -> None:
+        super().__init__(message, key=key, result=result)
+        self.holder = holder
+
+
+class InterruptedWorkError(GoblinClaimError):
+    """An ``at_most_once`` claim's earlier attempt ended without a result, so the work is not run again.
+
+    Its owner claimed the key and then stopped renewing before it stored a result
+    (a crash, a kill, a lost lease): its side effects may or may not have happened,
+    and at most once means nobody tries again on their own. Every caller gets this
+    until an operator reopens the key (``goblin-claim forget``, ``forget()``) or the
+    record's ``ttl`` ends. If the earlier owner was only late, its ``complete()`` still
+    stores its result, and callers get that from then on.
+
+    Attributes:
+        holder: The earlier attempt's token (its owner's identity when one was set).
+        claimed_at: When it claimed the key, by the server's clock (UTC).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, holder: str, claimed_at: datetime.datetime) -> None:
+        super().__init__(message, key=key)
+        self.holder = holder
+        self.claimed_at = claimed_at
 
 
 class ResultLostError(GoblinClaimError):
@@ -102,13 +135,22 @@ class StillInFlightError(GoblinClaimError):
         retry_after: Seconds the holder's lease had left at the last attempt (as
             ``InFlight.retry_after``): retry then to take over a crashed owner's
             work; ``None`` when unknown.
+        holder: The token holding the claim at the last attempt (as ``InFlight.holder``);
+            ``None`` when unknown.
     """
 
     def __init__(
-        self, message: str, *, key: str | None = None, result: object = None, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        result: object = None,
+        retry_after: float | None = None,
+        holder: str | None = None,
     ) -> None:
         super().__init__(message, key=key, result=result)
         self.retry_after = retry_after
+        self.holder = holder
 
 
 class PayloadMismatchError(GoblinClaimError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import time
 from collections.abc import Callable, Iterable
@@ -9,9 +10,10 @@ from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
 from ._clients.families import adapt
 from ._clients.kinds import _CLIENT_KINDS, check_client
-from ._defaults import DEFAULT_NAMESPACE, LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
+from ._defaults import CHECKPOINT_MAX_BYTES, DEFAULT_NAMESPACE, LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
 from ._errors import (
     ClaimLostError,
+    InterruptedWorkError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     NotReplicatedError,
@@ -41,8 +43,25 @@ from ._protocol.record import (
     FENCE_SUFFIX,
     build_keys,
     new_token,
+    split_done,
+    split_token,
 )
-from ._protocol.scripts import CLAIM, CLAIM_FENCED, COMPLETE, COMPLETE_FENCED, Script, native_command, script_command
+from ._protocol.scripts import (
+    CHECKPOINT,
+    CLAIM,
+    CLAIM_FENCED,
+    COMPLETE,
+    COMPLETE_FENCED,
+    EXTEND,
+    EXTEND_HELD,
+    FORGET,
+    RELEASE,
+    RELEASE_HELD,
+    Script,
+    keyed,
+    native_command,
+    script_command,
+)
 from ._protocol.timing import WaitSchedule
 
 # Outcomes from a dict of their fields, as Claimed(**fields) makes them (validated).
@@ -63,6 +82,10 @@ class Stored:
     def __init__(self, value: bytes | str) -> None:
         self.value = value
 
+
+# What the checkpoint key adds to the record's (checkpoints=True).
+CHECKPOINT_SUFFIX: Final = ":checkpoint"
+_HELD_PREFIX: Final = b"held "
 
 # complete.lua's replies.
 _STORED: Final = 1
@@ -91,10 +114,12 @@ class ClaimBase(Generic[ClientT]):
     """
 
     __slots__ = (
+        "_checkpoint_key",
         "_client",
         "_fence",
         "_fence_key",
         "_holder",
+        "_keep",
         "_lapse_ms",
         "_mine_until",
         "_native",
@@ -102,6 +127,7 @@ class ClaimBase(Generic[ClientT]):
         "_replicas",
         "claim_key",
         "key",
+        "last_checkpoint",
         "lease",
         "result_key",
         "token",
@@ -132,6 +158,8 @@ class ClaimBase(Generic[ClientT]):
         fencing: bool = False,
         replicas: int = REPLICAS,
         replica_timeout_ms: int = REPLICA_TIMEOUT_MS,
+        at_most_once: bool = False,
+        checkpoints: bool = False,
     ) -> None:
         # Each check takes its fast path inline for the valid, common case and
         # calls the full checker (which raises with a clear message) otherwise.
@@ -169,6 +197,21 @@ class ClaimBase(Generic[ClientT]):
             self._replicas, self._replica_timeout_ms = REPLICAS, REPLICA_TIMEOUT_MS
         else:
             self._replicas, self._replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+        if at_most_once is False and checkpoints is False:
+            self._keep: int | None = None
+            self._checkpoint_key: str | None = None
+        else:
+            self._unit(_check_flag("at_most_once", at_most_once, key), _check_flag("checkpoints", checkpoints, key))
+        self.last_checkpoint: bytes | str | None = None
+
+    def _unit(self, at_most_once: bool, checkpoints: bool) -> None:
+        """What the unit of work is owed beyond its claim (checked): at most once, checkpoints.
+
+        At most once keeps the record past the lease, for as long as a result would
+        be kept (and never less than the lease), so an interrupted attempt stays known.
+        """
+        self._keep = max(self.lease, self.ttl) if at_most_once else None
+        self._checkpoint_key = self.claim_key + CHECKPOINT_SUFFIX if checkpoints else None
 
     @classmethod
     def _checked(
@@ -182,6 +225,8 @@ class ClaimBase(Generic[ClientT]):
         native: NativeMode,
         replicas: int,
         replica_timeout_ms: int,
+        at_most_once: bool = False,
+        checkpoints: bool = False,
     ) -> HandleT:
         """A handle from settings the caller already checked (the decorator does, once).
 
@@ -199,6 +244,11 @@ class ClaimBase(Generic[ClientT]):
         self._holder = None
         self._mine_until = 0.0
         self._fence = None
+        self.last_checkpoint = None
+        if at_most_once or checkpoints:
+            self._unit(at_most_once, checkpoints)
+        else:
+            self._keep = self._checkpoint_key = None
         return self
 
     @classmethod
@@ -213,7 +263,7 @@ class ClaimBase(Generic[ClientT]):
         if not keys:
             return []
         first = cls(client, keys[0], **options)
-        if "token" in options or first._fence_key is not None:
+        if "token" in options or first._fence_key is not None or first._keep or first._checkpoint_key:
             return [first, *(cls(client, key, **options) for key in keys[1:])]
         namespace = options.get("namespace", DEFAULT_NAMESPACE)  # the first handle checked it
         handles = [first]
@@ -265,6 +315,8 @@ class ClaimBase(Generic[ClientT]):
         return f"{self.claim_key} / {self.result_key}"
 
     def _claim_call(self) -> tuple[Script, tuple[str | int, ...]]:
+        if self._keep is not None or self._checkpoint_key is not None:
+            return self._unit_claim_call()
         if self._fence_key is None:
             if self._replicas:  # "wait": a read-back is rewritten for the WAIT behind it (claim.lua)
                 return CLAIM, (self.claim_key, self.result_key, self.token, self.lease, 0, "wait")
@@ -273,6 +325,20 @@ class ClaimBase(Generic[ClientT]):
         keep = max(self.lease, self.ttl)
         fenced = (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
         return CLAIM_FENCED, (*fenced, "wait") if self._replicas else fenced
+
+    def _unit_claim_call(self) -> tuple[Script, tuple[str | int, ...]]:
+        """claim.lua for an at-most-once or checkpointed claim: always the script (claim.lua's header)."""
+        keys: tuple[str, ...] = (self.claim_key, self.result_key)
+        if self._fence_key is not None:
+            keys += (self._fence_key,)
+        if self._checkpoint_key is not None:
+            keys += (self._checkpoint_key,)
+        keep_fence = max(self.lease, self.ttl) if self._fence_key is not None else 0
+        args = (
+            *keys, self.token, self.lease, keep_fence, "wait" if self._replicas else "",
+            "" if self._keep is None else self._keep, "" if self._checkpoint_key is None else "checkpoint",
+        )  # fmt: skip
+        return keyed(CLAIM, len(keys) - 2), args
 
     def _claim_command(
         self, available: frozenset[str] | None, *, source: bool = False
@@ -324,10 +390,17 @@ class ClaimBase(Generic[ClientT]):
             if self._fence_key is not None and len(reply) == 2 and holder in _CLAIMED_REPLIES:
                 # A fenced win has two entries; a fenced in-flight reply three.
                 return self._claimed(reply[1], acknowledged, sent_at), self.token
+            if len(reply) == 3 and type(reply[2]) is list and holder in _CLAIMED_REPLIES:
+                # A checkpointed win: the fence (or nil), then the checkpoint in a list of its own.
+                return self._claimed(reply[1], acknowledged, sent_at, checkpoint=reply[2]), self.token
             if holder is None:
                 # Free meanwhile (the next attempt may take it), or a non-string: in flight, as natively.
                 self._mine_until = 0.0
                 return InFlight(key=self.key), None
+            if len(reply) == 4 and type(reply[1]) is int and reply[1] <= 0:
+                # An at-most-once record whose deadline passed without a result.
+                self._mine_until = 0.0
+                raise self._interrupted(holder, reply[3])
             lapse = None
             if len(reply) > 1 and type(reply[1]) is int:
                 self._lapse_ms = reply[1]
@@ -338,7 +411,8 @@ class ClaimBase(Generic[ClientT]):
                 if self._owns(resent, now, fence):
                     return self._claimed(fence, acknowledged, sent_at, held=True), holder
                 self._mine_until = 0.0
-                return InFlight(key=self.key, retry_after=lapse), holder  # another handle with this token holds it
+                # another handle with this token holds it
+                return InFlight(key=self.key, retry_after=lapse, holder=holder_name(holder)), holder
             self._mine_until = 0.0
             if holder.startswith(_DONE_PREFIXES[0] if type(holder) is bytes else DONE_PREFIX):
                 raise ResultLostError(
@@ -346,7 +420,7 @@ class ClaimBase(Generic[ClientT]):
                     "maxmemory-policy other than noeviction, or deleted; forget() reopens the work",
                     key=self.key,
                 )
-            return InFlight(key=self.key, retry_after=lapse), holder
+            return InFlight(key=self.key, retry_after=lapse, holder=holder_name(holder)), holder
         if reply in _CLAIMED_REPLIES:
             return self._claimed(None, acknowledged, sent_at), self.token
         self._mine_until = 0.0
@@ -356,7 +430,7 @@ class ClaimBase(Generic[ClientT]):
         if self.claim_key is self.result_key or self.claim_key == self.result_key:
             holder, reply = self._read_record(reply)
             if holder is None:  # a token, not a record: in flight (the driver peeks first)
-                return InFlight(key=self.key), reply
+                return InFlight(key=self.key, holder=holder_name(reply)), reply
         if acknowledged is not None and acknowledged < self._replicas:
             # Read back from the primary alone: a failover now could lose it.
             raise self._not_replicated("read", acknowledged)
@@ -433,7 +507,9 @@ class ClaimBase(Generic[ClientT]):
             return False
         return self._fence is None or type(fence) is not int or fence == self._fence
 
-    def _claimed(self, fence: object, acknowledged: int | None, sent_at: float, *, held: bool = False) -> Claimed:
+    def _claimed(
+        self, fence: object, acknowledged: int | None, sent_at: float, *, held: bool = False, checkpoint: object = None
+    ) -> Claimed:
         # A new claim lives at least lease seconds from before its send; a claim
         # this handle already held keeps the deadline it had.
         if not held or sent_at >= self._mine_until:
@@ -444,7 +520,12 @@ class ClaimBase(Generic[ClientT]):
             self._fence = fence
         if acknowledged is not None and acknowledged < self._replicas:
             raise self._not_replicated("claim", acknowledged)
-        return _claimed_outcome({"key": self.key, "token": self.token, "lease": self.lease, "fence": fence})
+        if checkpoint is None:
+            return _claimed_outcome({"key": self.key, "token": self.token, "lease": self.lease, "fence": fence})
+        # checkpoint.lua's value, in a list of its own: empty when there is none.
+        self.last_checkpoint = saved = checkpoint[0] if checkpoint else None  # type: ignore[index]
+        fields = {"key": self.key, "token": self.token, "lease": self.lease, "fence": fence, "checkpoint": saved}
+        return _claimed_outcome(fields)
 
     def _claim_unknown(self, sent_at: float) -> None:
         """A claim sent at ``sent_at`` failed without a reply: it may have taken the claim.
@@ -470,6 +551,13 @@ class ClaimBase(Generic[ClientT]):
         """complete.lua and its arguments; with fencing, the counter and this handle's fence too."""
         stored = check_value(value, self.key, text_only=text_only, encoding=encoding)
         marker = DONE_PREFIX + self.token
+        if self._checkpoint_key is not None:
+            # The checkpoint goes with the store: the next claim after the record starts afresh.
+            fence = "" if self._fence is None else self._fence
+            keys: tuple[str, ...] = (self.claim_key, self.result_key)
+            keys += (self._fence_key, self._checkpoint_key) if self._fence_key else (self._checkpoint_key,)
+            args = (*keys, self.token, stored, self.ttl, marker, wake, fence, "wait" if self._replicas else "")
+            return keyed(COMPLETE, len(keys) - 2), (*args, "checkpoint")
         if self._fence_key is None:
             args = (self.claim_key, self.result_key, self.token, stored, self.ttl, marker, wake)
             # "wait": a refusal writes too, so the WAIT behind it means something (complete.lua).
@@ -489,6 +577,10 @@ class ClaimBase(Generic[ClientT]):
             ServerUnavailableError: With ``replicas``, a refusal from a node whose WAIT
                 showed fewer replicas than asked (see ``_unproven``); nothing changed.
         """
+        holder = None
+        if type(reply) is list:  # {0, what claim_key holds}: another owner's
+            holder = holder_name(reply[1]) if len(reply) > 1 else None
+            reply = 0
         if self._unproven(reply, acknowledged):
             raise ServerUnavailableError(
                 f"cannot complete {self.key!r} yet: the node that answered found the claim of token "
@@ -518,7 +610,7 @@ class ClaimBase(Generic[ClientT]):
                 key=self.key,
             )
         if reply != _STORED:
-            raise self._lost("complete")
+            raise self._lost("complete", holder)
         if acknowledged is not None and acknowledged < self._replicas:
             raise self._not_replicated("complete", acknowledged)
 
@@ -577,12 +669,95 @@ class ClaimBase(Generic[ClientT]):
     def _extend_lease(self, lease: int | None) -> int:
         return self.lease if lease is None else check_seconds("lease", lease)
 
-    def _lost(self, action: str) -> ClaimLostError:
+    def _lost(self, action: str, holder: str | None = None) -> ClaimLostError:
+        held = f"; token {holder!r} holds or completed it" if holder is not None else ""
         return ClaimLostError(
             f"cannot {action} {self.key!r}: token {self.token!r} no longer holds {self.claim_key!r} "
-            "(its lease lapsed and another caller took it, or the work was completed)",
+            f"(its lease lapsed and another caller took it, or the work was completed){held}",
             key=self.key,
+            holder=holder,
         )
+
+    def _interrupted(self, holder: object, claimed_ms: object) -> InterruptedWorkError:
+        """The error for an at-most-once record whose deadline passed without a result."""
+        name = holder_name(holder) or ""
+        at = datetime.datetime.fromtimestamp(
+            (claimed_ms if type(claimed_ms) is int else 0) / 1000, tz=datetime.timezone.utc
+        )
+        return InterruptedWorkError(
+            f"{self.key!r} is at most once, and the attempt of token {name!r} (claimed {at.isoformat()}) ended "
+            "without a result: its lease lapsed, so its work may or may not have run. It is not run again; "
+            "an operator reopens it (goblin-claim forget, forget()), or the record ends after its ttl",
+            key=self.key,
+            holder=name,
+            claimed_at=at,
+        )
+
+    # -- what a unit of work is owed: the scripts of its renewals and releases, checkpoints
+
+    @property
+    def _extend_script(self) -> Script:
+        """The renewal: an at-most-once record is the extend script's alone (scripts.py)."""
+        return EXTEND if self._keep is None else EXTEND_HELD
+
+    @property
+    def _release_script(self) -> Script:
+        """The owner-checked delete: an at-most-once record is the release script's alone."""
+        return RELEASE if self._keep is None else RELEASE_HELD
+
+    def _forget_call(self, wake: str) -> tuple[Script, tuple[str, ...]]:
+        """forget.lua and its arguments: on the one-key record, the checkpoint key goes too."""
+        if self.claim_key != self.result_key:
+            return FORGET, (self.claim_key, self.result_key, wake)
+        return keyed(FORGET, 1), (self.claim_key, self.result_key, self.claim_key + CHECKPOINT_SUFFIX, wake)
+
+    def _checkpoint_call(
+        self, value: object, encoding: str = "utf-8", text_only: bool = False
+    ) -> tuple[Script, tuple[str | bytes | int, ...]]:
+        """checkpoint.lua and its arguments, the value checked and bounded."""
+        if self._checkpoint_key is None:
+            raise InvalidArgumentError(
+                f"checkpoint() of {self.key!r} needs a handle made with checkpoints=True: without it the next "
+                "owner's claim does not read checkpoints and complete() does not clear them",
+                key=self.key,
+            )
+        stored = check_value(value, self.key, text_only=text_only, encoding=encoding)
+        size = len(stored) if type(stored) is bytes else len(cast("str", stored).encode(encoding, "surrogatepass"))
+        if size > CHECKPOINT_MAX_BYTES:
+            raise InvalidArgumentError(
+                f"checkpoint of {self.key!r} is {size} bytes; at most {CHECKPOINT_MAX_BYTES} are kept (keep the "
+                "progress itself elsewhere and checkpoint where it is)",
+                key=self.key,
+            )
+        if self._fence_key is None:
+            return CHECKPOINT, (self.claim_key, self._checkpoint_key, self.token, stored, self.ttl)
+        fence = "" if self._fence is None else self._fence
+        keys = (self.claim_key, self._checkpoint_key, self._fence_key)
+        return keyed(CHECKPOINT, 1), (*keys, self.token, stored, self.ttl, fence)
 
     def _wait_schedule(self, timeout: float) -> WaitSchedule:
         return WaitSchedule(timeout, self.key)
+
+
+def holder_name(holder: object) -> str | None:
+    """The token in what claim_key holds, as outcomes and errors name it; ``None`` when it holds nothing.
+
+    A bare token, an at-most-once record's (``held <deadline> <claimed> <token>``) or a
+    completed record's (``done <token> <value>``), without the fingerprint ``@idempotent``
+    and the HTTP doors add.
+    """
+    if holder is None or holder is False:
+        return None
+    raw = holder if type(holder) is bytes else str(holder).encode("utf-8", "surrogatepass")
+    done = split_done(raw)
+    if done is not None:
+        raw = done[0]
+    elif raw.startswith(_HELD_PREFIX):
+        raw = raw.split(b" ", 3)[-1]
+    return split_token(raw)[0].decode("utf-8", "replace")
+
+
+def _check_flag(name: str, value: object, key: str) -> bool:
+    if type(value) is not bool:
+        raise InvalidArgumentTypeError(f"{name} must be True or False, not {describe(value)}", key=key)
+    return value

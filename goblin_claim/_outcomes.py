@@ -33,16 +33,21 @@ class Claimed(BaseModel):
         fence: With ``fencing=True``, a number that strictly increases with every
             owner of this key: pass it to downstream stores so they refuse a stale
             owner's late writes. ``None`` without fencing.
+        checkpoint: With ``checkpoints=True``, the progress an earlier owner of this
+            key saved (``checkpoint()``) before its lease lapsed: resume from there.
+            ``None`` when there is none (and without checkpoints); ``str`` when the
+            client decodes responses, else ``bytes``.
     """
 
     model_config = _FROZEN
-    __match_args__: ClassVar[tuple[str, ...]] = ("key", "token", "lease", "fence")
+    __match_args__: ClassVar[tuple[str, ...]] = ("key", "token", "lease", "fence", "checkpoint")
 
     kind: Literal["claimed"] = "claimed"
     key: str
     token: str
     lease: int
     fence: Union[int, None] = None  # noqa: UP007 -- pydantic evaluates this at run time on 3.10 too
+    checkpoint: Union[str, bytes, None] = None  # noqa: UP007
 
 
 class Completed(BaseModel):
@@ -70,17 +75,22 @@ class InFlight(BaseModel):
             PTTL): when a crashed owner's claim lapses and a retry can take it over. A
             live owner renewing its lease pushes this out; ``None`` when unknown (the
             claim freed meanwhile, or a raw writer's claim without an expiry).
+        holder: The token that holds the claim (its owner's identity, when the owner
+            gave its handle one: ``Claim(..., token="worker-7")``), without the
+            fingerprint ``@idempotent`` and the HTTP doors add to theirs; ``None``
+            when unknown.
     """
 
     model_config = _FROZEN
-    __match_args__: ClassVar[tuple[str, ...]] = ("key", "retry_after")
+    __match_args__: ClassVar[tuple[str, ...]] = ("key", "retry_after", "holder")
 
     kind: Literal["in_flight"] = "in_flight"
     key: str
     retry_after: Union[float, None] = None  # noqa: UP007 -- pydantic evaluates this at run time on 3.10 too
+    holder: Union[str, None] = None  # noqa: UP007
 
-    # retry_after is a clock reading of the moment the server answered, not part of
-    # the situation: two in-flight answers for one key are the same outcome.
+    # retry_after and holder are readings of the moment the server answered, not part
+    # of the situation: two in-flight answers for one key are the same outcome.
     def __eq__(self, other: object) -> bool:
         if isinstance(other, InFlight):
             return self.key == other.key

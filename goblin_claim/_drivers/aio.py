@@ -35,16 +35,13 @@ from .._errors import (
     ServerUnavailableError,
     UnreadableResultError,
 )
-from .._handle import ClaimBase, Stored
+from .._handle import ClaimBase, Stored, holder_name
 from .._outcomes import Claimed, Completed, InFlight, Outcome
 from .._protocol.checks import NativeMode
 from .._protocol.probe import PROBE_ARGS, PROBE_COMMAND, native_from_command_table, native_from_probe
 from .._protocol.refusals import is_out_of_memory, is_unknown_command, owner_check_unusable, without_owner_check
 from .._protocol.scripts import (
-    EXTEND,
-    FORGET,
     PEEK,
-    RELEASE,
     SCRIPTS,
     Script,
     native_command,
@@ -99,6 +96,13 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             fewer replicas acknowledged the write; a ``Completed`` read back is checked
             the same way. ``0`` (the default) does not wait.
         replica_timeout_ms: How long WAIT waits for the acknowledgements.
+        at_most_once: Never run the work again after an attempt that ended without a
+            result: once an owner's lease lapses unrenewed, every caller gets
+            ``InterruptedWorkError`` (holder and claim time) until an operator reopens
+            the key or ``ttl`` ends. The record is kept past the lease for that (a few
+            dozen bytes more); the claim always runs as a script.
+        checkpoints: Let owners save progress (``checkpoint()``); the next owner after a
+            lapse gets the last one with its ``Claimed``. The claim always runs as a script.
 
     Example::
 
@@ -226,6 +230,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
 
         Raises:
             ResultLostError: The work was completed, but its result is gone (evicted).
+            InterruptedWorkError: With ``at_most_once`` (or on a key claimed with it): an
+                earlier attempt's lease lapsed without a result; the work is not run again.
             WrongTypeError: ``result_key`` holds a non-string value.
             ConnectionFailedError: Redis could not be reached.
             NotReplicatedError: With ``replicas``: claimed, or a stored result read back,
@@ -348,7 +354,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """``extend()``; ``persist=False`` sends it once, slot moving or not (a keep-alive retries on its own clock)."""
         seconds = self._extend_lease(lease)
         sent_at = time.monotonic()
-        if not await self._call(EXTEND, (self.claim_key, self.token, seconds), self.claim_key, persist=persist):
+        args = (self.claim_key, self.token, seconds)
+        if not await self._call(self._extend_script, args, self.claim_key, persist=persist):
             refused = self._not_renewed(time.monotonic())
             if isinstance(refused, ClaimLostError):
                 self._let_go()
@@ -376,7 +383,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         self._let_go()  # first: held or not, this handle no longer counts on the claim being its own
         wake = wake_kind(self._client)
         announce = (wake, self.claim_key, "free")
-        return bool(await self._call(RELEASE, args, self.claim_key, script_only=(wake,), announce=announce))
+        script = self._release_script
+        return bool(await self._call(script, args, self.claim_key, script_only=(wake,), announce=announce))
 
     @classmethod
     async def release_many(cls, client: AsyncClient, handles: Iterable[AsyncClaim]) -> list[bool]:
@@ -452,9 +460,28 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         Returns:
             ``True`` when there was a claim or a result to delete.
         """
-        args = (self.claim_key, self.result_key, wake_kind(self._client))
+        script, args = self._forget_call(wake_kind(self._client))
         self._let_go()
-        return bool(await self._call(FORGET, args, self._both_keys))
+        return bool(await self._call(script, args, self._both_keys))
+
+    async def checkpoint(self, value: bytes | str) -> None:
+        """Save the work's progress, for the next owner to resume from if this one stops (``checkpoints=True``).
+
+        Owner-checked like ``complete()`` (and fenced with ``fencing=True``): stored only
+        while this token holds the claim, so a stale owner never overwrites a later
+        owner's progress. The next owner's ``Claimed.checkpoint`` is the last value
+        stored; ``complete()`` clears it. Kept for ``ttl`` seconds, at most 64 KiB. Safe
+        to send twice.
+
+        Raises:
+            ClaimLostError: This token no longer holds the claim; nothing written.
+            InvalidArgumentError: The handle was made without ``checkpoints=True``, or
+                the value is larger than 64 KiB.
+        """
+        script, args = self._checkpoint_call(value, *reply_encoding(self._client))
+        if not await self._call(script, args, self.claim_key):
+            raise self._lost("checkpoint")
+        self.last_checkpoint = value
 
     @_events.observe("wait")
     async def wait(self, timeout: float = 10.0) -> Claimed | Completed:
@@ -473,6 +500,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             ConnectionFailedError: Redis unreachable through the deadline (a
                 transient failure before it is polled through).
             ResultLostError: The work was completed, but its result is gone.
+            InterruptedWorkError: The key is at most once, and its attempt ended without a result.
             ValueError: ``timeout`` is negative.
         """
         schedule = self._wait_schedule(timeout)
@@ -499,7 +527,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                             return outcome
                     delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
                     if delay is None:
-                        raise failure or schedule.expired()
+                        raise failure or schedule.expired(holder_name(self._holder))
                     await sleep(woken, delay)
                     if _events.enabled:
                         _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
@@ -885,7 +913,7 @@ async def _release_rounds(
     first = handles[0]
     if not state.ready:
         await _prepare(client, state)
-    checks = [owner_check(handle._native, state.native, RELEASE) for handle in handles]
+    checks = [owner_check(handle._native, state.native, handle._release_script) for handle in handles]
     commands, at = _release_commands(handles, checks, state.native, wake)
     pipelined = await _pipelined(client, commands)
     replies = [pipelined[i] for i in at]
@@ -902,7 +930,10 @@ async def _release_rounds(
         else:
             _events.notice(first, "script_reload", "reloaded")
         # Refused unrun (NOSCRIPT, unknown command, ...): each runs once, as a script.
-        sources = [script_command(RELEASE, (handles[i].claim_key, handles[i].token, wake), source=True) for i in again]
+        sources = [
+            script_command(handles[i]._release_script, (handles[i].claim_key, handles[i].token, wake), source=True)
+            for i in again
+        ]
         resent = await _pipelined(client, sources)
         for i, reply in zip(again, resent, strict=True):
             replies[i] = reply
@@ -917,14 +948,15 @@ def _release_commands(
     at: list[int] = []
     for handle, check in zip(handles, checks, strict=True):
         args = (handle.claim_key, handle.token)
-        native = native_command(handle._native, available, RELEASE, handle.key)
+        script = handle._release_script
+        native = native_command(handle._native, available, script, handle.key)
         at.append(len(commands))
         if check is not None:
             commands.append(owner_check_command(check, args))
         elif native is not None:
             commands.append((native, *args))
         else:
-            commands.append(script_command(RELEASE, (*args, wake)))  # it announces itself
+            commands.append(script_command(script, (*args, wake)))  # it announces itself
             continue
         # A native delete announces nothing: its announcement goes right behind it.
         commands.append((wake, handle.claim_key, "free"))

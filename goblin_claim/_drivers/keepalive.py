@@ -66,7 +66,7 @@ from .._clients.families import ASYNC_CLUSTERS, CLUSTERS, ERRORS, NO_SCRIPT, RES
 from .._clients.transport import state_of
 from .._errors import ClaimLostError, GoblinClaimError, ServerUnavailableError
 from .._protocol.refusals import is_out_of_memory, owner_check_unusable
-from .._protocol.scripts import EXTEND, SET_IFEQ, owner_check, owner_check_command, script_command
+from .._protocol.scripts import SET_IFEQ, Script, owner_check, owner_check_command, script_command
 from .._protocol.timing import lease_margin, renew_interval, retry_delay
 
 if TYPE_CHECKING:
@@ -85,6 +85,9 @@ if TYPE_CHECKING:
         _client: Any
         _native: Any
         _mine_until: float
+
+        @property
+        def _extend_script(self) -> Script: ...
 
         def _not_renewed(self, now: float) -> ClaimLostError | ServerUnavailableError: ...
 
@@ -117,8 +120,8 @@ def _renewed(claims: Sequence[Renewable | AsyncRenewable]) -> list[tuple[str | b
     commands = []
     for c in claims:
         args = (c.claim_key, c.token, c.lease)
-        check = owner_check(c._native, state_of(c._client).native, EXTEND)
-        commands.append(owner_check_command(check, args) if check else script_command(EXTEND, args))
+        check = owner_check(c._native, state_of(c._client).native, c._extend_script)
+        commands.append(owner_check_command(check, args) if check else script_command(c._extend_script, args))
     return commands
 
 
@@ -286,7 +289,7 @@ def _send_sync(client: Any, claims: Sequence[Renewable]) -> list[Outcome]:
         again = _again(claims, commands, replies)
         if again:
             # A flushed or restarted server (or a refused SET): EVAL runs the script and caches it again.
-            sources = [script_command(EXTEND, (c.claim_key, c.token, c.lease), source=True) for c in claims]
+            sources = [script_command(c._extend_script, (c.claim_key, c.token, c.lease), source=True) for c in claims]
             for i, reply in zip(again, _pipelined(client, [sources[i] for i in again]), strict=True):
                 replies[i] = reply
     except ERRORS as exc:
@@ -604,7 +607,7 @@ async def _send_async(claims: Sequence[AsyncRenewable]) -> list[Outcome]:
         again = _again(claims, commands, replies)
         if again:
             # A flushed or restarted server (or a refused SET): EVAL runs the script and caches it again.
-            sources = [script_command(EXTEND, (c.claim_key, c.token, c.lease), source=True) for c in claims]
+            sources = [script_command(c._extend_script, (c.claim_key, c.token, c.lease), source=True) for c in claims]
             for i, reply in zip(again, await _pipelined_async(client, [sources[i] for i in again]), strict=True):
                 replies[i] = reply
     except ERRORS as exc:

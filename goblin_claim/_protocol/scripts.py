@@ -25,6 +25,8 @@ class Script:
         sha: Its SHA1, as EVALSHA wants it.
         numkeys: How many of the arguments are keys.
         native: The server command with the same semantics, if there is one.
+        owner_checks: The built-in owner checks a server may have that do its job,
+            best first (see ``owner_check``).
     """
 
     name: str
@@ -32,27 +34,15 @@ class Script:
     sha: str
     numkeys: int
     native: str | None = None
+    owner_checks: tuple[str, ...] = ()
 
     @classmethod
-    def load(cls, name: str, numkeys: int, native: str | None = None) -> Script:
+    def load(cls, name: str, numkeys: int, native: str | None = None, owner_checks: tuple[str, ...] = ()) -> Script:
         """Read ``lua/<name>.lua`` from the package and hash it once."""
         source = (resources.files(__package__) / "lua" / f"{name}.lua").read_text("utf-8")
         sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
-        return cls(name, source, sha, numkeys, native)
+        return cls(name, source, sha, numkeys, native, owner_checks)
 
-
-CLAIM: Final = Script.load("claim", 2, native="GOBLIN.CLAIM")
-# The same script with the fence counter as a third key; GOBLIN.CLAIM has no fences.
-CLAIM_FENCED: Final = replace(CLAIM, numkeys=3, native=None)
-COMPLETE: Final = Script.load("complete", 2)
-# The same script with the fence counter as a third key: a late completion is then provable.
-COMPLETE_FENCED: Final = replace(COMPLETE, numkeys=3)
-EXTEND: Final = Script.load("extend", 1)
-RELEASE: Final = Script.load("release", 1, native="GOBLIN.CAD")
-PEEK: Final = Script.load("peek", 2)
-FORGET: Final = Script.load("forget", 2)
-SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK, FORGET)
-NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
 
 # Owner checks some servers have built in, needing no module and no scripting:
 # DELIFEQ (Valkey 9.0) and DELEX ... IFEQ (Valkey 9.2, Redis 8.4) delete a key only
@@ -66,9 +56,41 @@ DELIFEQ: Final = "DELIFEQ"
 DELEX: Final = "DELEX"
 SET_IFEQ: Final = "SET IFEQ"  # a name in the probed set, not a command: inferred, never asked about
 BUILTIN_COMMANDS: Final = (DELIFEQ, DELEX)
+
+CLAIM: Final = Script.load("claim", 2, native="GOBLIN.CLAIM")
+# The same script with the fence counter as a third key; GOBLIN.CLAIM has no fences.
+CLAIM_FENCED: Final = replace(CLAIM, numkeys=3, native=None)
+COMPLETE: Final = Script.load("complete", 2)
+# The same script with the fence counter as a third key: a late completion is then provable.
+COMPLETE_FENCED: Final = replace(COMPLETE, numkeys=3)
+# Renewals may be SET ... IFEQ; releases DELIFEQ (the cheaper delete), else DELEX.
+EXTEND: Final = Script.load("extend", 1, owner_checks=(SET_IFEQ,))
+RELEASE: Final = Script.load("release", 1, native="GOBLIN.CAD", owner_checks=(DELIFEQ, DELEX))
+PEEK: Final = Script.load("peek", 2)
+FORGET: Final = Script.load("forget", 2)
+CHECKPOINT: Final = Script.load("checkpoint", 2)
+SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK, FORGET, CHECKPOINT)
+NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
 PROBED_COMMANDS: Final = NATIVE_COMMANDS + BUILTIN_COMMANDS
-# What each owner-checked script may become, best first (DELIFEQ is the cheaper delete).
-_OWNER_CHECKS: Final = {EXTEND.name: (SET_IFEQ,), RELEASE.name: (DELIFEQ, DELEX)}
+
+# An at-most-once record ("held <deadline> <claimed> <token>", claim.lua) is the scripts'
+# alone: GOBLIN.CLAIM writes a bare token for the lease, and the native and built-in
+# owner checks compare the whole value with the token. Its renewals and releases run the
+# same scripts, never their replacements.
+EXTEND_HELD: Final = replace(EXTEND, owner_checks=())
+RELEASE_HELD: Final = replace(RELEASE, native=None, owner_checks=())
+
+
+def keyed(script: Script, extra: int) -> Script:
+    """``script`` with ``extra`` optional keys after its own (a fence counter, a checkpoint), always as a script."""
+    numkeys = script.numkeys + extra
+    found = _KEYED.get((script.name, numkeys))
+    if found is None:
+        found = _KEYED[script.name, numkeys] = replace(script, numkeys=numkeys, native=None)
+    return found
+
+
+_KEYED: dict[tuple[str, int], Script] = {}
 
 
 def with_owner_checks(found: frozenset[str]) -> frozenset[str]:
@@ -85,7 +107,7 @@ def owner_check(mode: NativeMode, available: frozenset[str] | None, script: Scri
     """
     if mode == "never" or not available:
         return None
-    for name in _OWNER_CHECKS.get(script.name, ()):
+    for name in script.owner_checks:
         if name in available:
             return name
     return None

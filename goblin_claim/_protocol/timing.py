@@ -104,10 +104,12 @@ class WaitSchedule:
             delay = min(delay, lapse_ms / 1000 + 0.002)
         return min(delay, remaining)
 
-    def expired(self) -> StillInFlightError:
-        """The error for a wait that ran out of time."""
+    def expired(self, holder: str | None = None) -> StillInFlightError:
+        """The error for a wait that ran out of time; ``holder``: the token that holds the claim, when known."""
+        held = f", held by token {holder!r}" if holder is not None else ""
         return StillInFlightError(
-            f"{self._key!r} is still in flight after waiting {self._timeout:g}s ({self._attempt + 1} attempts)",
+            f"{self._key!r} is still in flight after waiting {self._timeout:g}s ({self._attempt + 1} attempts){held}",
             key=self._key,
             retry_after=self._lapse_ms / 1000 if self._lapse_ms is not None and self._lapse_ms >= 0 else None,
+            holder=holder,
         )

@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "goblin_claim"
 PUBLIC: dict[str, tuple[str, ...]] = {
     "goblin_claim": (
         "AsyncClaim", "Claim", "ClaimLostError", "Claimed", "Completed", "ConnectionFailedError",
-        "GoblinClaimError", "InFlight", "InvalidArgumentError", "InvalidArgumentTypeError",
+        "GoblinClaimError", "InFlight", "InterruptedWorkError", "InvalidArgumentError", "InvalidArgumentTypeError",
         "NativeUnavailableError", "NotReplicatedError", "Outcome", "PayloadMismatchError", "ReplayedError",
         "ResultLostError", "ResultNotSerializableError", "ServerError", "ServerUnavailableError",
         "StillInFlightError", "UnreadableResultError", "WrongTypeError", "add_listener", "idempotent",

@@ -1,6 +1,8 @@
 -- KEYS[1] claim_key: the lock; holds the owner's token while the work runs
 -- KEYS[2] result_key: where the winner publishes the outcome of the work
 -- KEYS[3] fence_key (optional): a counter that numbers the owners of this key
+-- KEYS[#KEYS] checkpoint_key (with ARGV[6]): the last progress an owner saved
+--   (checkpoint.lua); a win answers it, so the next owner resumes from there
 -- ARGV[1] token: stored verbatim in claim_key (the owner's identity)
 -- ARGV[2] seconds: the lease, a positive integer
 -- ARGV[3] fence_ttl (with KEYS[3]): seconds the counter is kept; without KEYS[3], unused
@@ -8,12 +10,21 @@
 --   the caller takes as success without a write here (the stored value, or a claim
 --   this token holds) then rewrites what it read, unchanged (SET ... KEEPTTL), so the
 --   WAIT counts the replicas that have it: WAIT only covers a connection's own writes
+-- ARGV[5] (optional) at most once: the record's retention in seconds (not less than the
+--   lease). A win then writes "held <deadline_ms> <claimed_ms> <token>" for that long
+--   instead of the token for the lease: the deadline (server clock, ms) is the lease,
+--   and once it passes without a result the attempt stays known as interrupted, so
+--   nobody claims the work again until the record ends or is forgotten
+-- ARGV[6] (optional) "checkpoint": the last key is the checkpoint key
 -- returns "CLAIMED" when this call took the claim; {"CLAIMED", fence} with KEYS[3];
+--   with ARGV[6] always {"CLAIMED", fence or false, {checkpoint} or {}};
 --   otherwise GET result_key: the stored value (WRONGTYPE if not a string),
 --   or, while there is none, {holder, pttl}, and with KEYS[3] {holder, pttl, fence}:
 --   what claim_key holds (a token, ARGV[1] included, or the done marker of
 --   completed work whose result is gone), the milliseconds its lease has left,
---   and the counter (false when there is none); {} if claim_key is not a string
+--   and the counter (false when there is none); {} if claim_key is not a string;
+--   for an at-most-once record {token, deadline - now (ms, <= 0 once it passed), counter
+--   or false, claimed_ms}: four entries, whoever asks
 -- KEYS[1] == KEYS[2] is the one-key record (the SDK's default layout): the key holds
 --   the owner's token while the work runs, then "done <token> <value>" (the marker
 --   of complete.lua, a space and the value). A token read back is in flight, not
@@ -21,28 +32,55 @@
 -- A holder equal to ARGV[1] is not answered CLAIMED here: this token's own
 -- re-sent claim and another handle given the same token look alike on the
 -- server, and only the client can know which one it sent.
--- With KEYS[3], the counter (and the clock, for a new one) is read before anything
+local checkpoint_key = ARGV[6] == "checkpoint" and KEYS[#KEYS] or nil
+local fence_key = KEYS[3] ~= checkpoint_key and KEYS[3] or nil
+local keep = tonumber(ARGV[5] or "")
+local function ms(clock)
+  return clock[1] * 1000 + math.floor(clock[2] / 1000)
+end
+-- deadline, claimed_ms and token of an at-most-once record; nil for anything else
+local function held_parts(value)
+  if string.sub(value, 1, 5) ~= "held " then
+    return nil
+  end
+  local deadline, claimed, token = string.match(value, "^held (%d+) (%d+) (.+)$")
+  return tonumber(deadline), tonumber(claimed), token
+end
+-- With a fence key, the counter (and the clock, for a new one) is read before anything
 -- is written: a refusal there (a user without TIME) leaves no claim behind an error.
 local counter, now = false, nil
-if KEYS[3] then
-  counter = tonumber(redis.call("get", KEYS[3])) or false
+if fence_key then
+  counter = tonumber(redis.call("get", fence_key)) or false
   if not counter then
     now = redis.call("time")
   end
 end
-if redis.call("set", KEYS[1], ARGV[1], "NX", "EX", ARGV[2]) then
-  if not KEYS[3] then
-    return "CLAIMED"
-  end
+local record, expiry = ARGV[1], ARGV[2]
+if keep then
+  now = now or redis.call("time")
+  local at = ms(now)
+  record = string.format("held %.0f %.0f %s", at + tonumber(ARGV[2]) * 1000, at, ARGV[1])
+  expiry = ARGV[5]
+end
+if redis.call("set", KEYS[1], record, "NX", "EX", expiry) then
   -- Strictly increasing per key: the next number, or (a new or expired counter)
   -- the server clock in microseconds, which is past any number handed out before.
-  local fence
-  if counter then
-    fence = counter + 1
-  else
-    fence = now[1] * 1000000 + now[2]
+  local fence = false
+  if fence_key then
+    if counter then
+      fence = counter + 1
+    else
+      fence = now[1] * 1000000 + now[2]
+    end
+    redis.call("set", fence_key, string.format("%.0f", fence), "EX", ARGV[3])
   end
-  redis.call("set", KEYS[3], string.format("%.0f", fence), "EX", ARGV[3])
+  if checkpoint_key then
+    local saved = redis.call("get", checkpoint_key)
+    return {"CLAIMED", fence, saved and {saved} or {}}
+  end
+  if not fence_key then
+    return "CLAIMED"
+  end
   return {"CLAIMED", fence}
 end
 local result = redis.call("get", KEYS[2])
@@ -65,15 +103,19 @@ local holder = redis.pcall("get", KEYS[1])
 if type(holder) ~= "string" then
   return {}
 end
-if holder == ARGV[1] and ARGV[4] == "wait" then
+local deadline, claimed, token = held_parts(holder)
+if (token or holder) == ARGV[1] and ARGV[4] == "wait" then
   redis.call("set", KEYS[1], holder, "KEEPTTL")
+end
+if deadline then
+  return {token, deadline - ms(now or redis.call("time")), counter, claimed}
 end
 -- The lease left is a hint (InFlight.retry_after): a user without PTTL still claims.
 local left = redis.pcall("pttl", KEYS[1])
 if type(left) ~= "number" then
   left = false
 end
-if not KEYS[3] then
+if not fence_key then
   return {holder, left}
 end
 -- Three entries, so a holder that reads "CLAIMED" (a raw writer's) is never a win.
