@@ -36,6 +36,7 @@ from ._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
+    InterruptedWorkError,
     InvalidArgumentTypeError,
     NotReplicatedError,
     PayloadMismatchError,
@@ -60,7 +61,19 @@ __all__ = [
 ]
 
 OPERATIONS: Final = frozenset(
-    {"acquire", "acquire_many", "complete", "extend", "release", "forget", "wait", "renew", "call", "request"}
+    {
+        "acquire",
+        "acquire_many",
+        "complete",
+        "extend",
+        "release",
+        "forget",
+        "wait",
+        "renew",
+        "call",
+        "request",
+        "checkpoint",
+    }
 )
 OUTCOMES: Final = frozenset(
     {
@@ -80,6 +93,8 @@ OUTCOMES: Final = frozenset(
         "forgotten",
         "not_replicated",
         "unavailable",
+        "interrupted",  # at_most_once: an earlier attempt ended without a result, nothing runs it again
+        "checkpointed",  # checkpoint(): the progress is stored
         "error",  # anything else: the event's error says what
     }
 )
@@ -123,6 +138,7 @@ _WARN = {
     "claim_lost": "claim lost before the work was stored: another caller may have run it",
     "result_lost": "the work is completed but its result is gone (evicted?)",
     "unstorable": "the result cannot be stored: duplicates get an error, nothing runs again",
+    "interrupted": "an at-most-once attempt ended without a result: nothing runs it again until it is forgotten",
 }
 
 
@@ -225,6 +241,7 @@ def path_of(claim: Any, script: Script | None) -> str | None:
 # The outcome an error comes to, the first class it is an instance of deciding.
 _ERROR_OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
     (StillInFlightError, "wait_timeout"),
+    (InterruptedWorkError, "interrupted"),
     (ResultLostError, "result_lost"),
     (PayloadMismatchError, "payload_mismatch"),
     (ResultNotSerializableError, "unstorable"),
@@ -362,7 +379,13 @@ class Op:
             if request is not None and self.outcome is not None:
                 request._seen = self.outcome
         claim = self.claim
-        script = claim._claim_call()[0] if self._script is CLAIM else self._script
+        script = self._script
+        if script is CLAIM:
+            script = claim._claim_call()[0]
+        elif script is EXTEND:
+            script = claim._extend_script  # an at-most-once record's is always the script
+        elif script is RELEASE:
+            script = claim._release_script
         event = Event(
             self.operation,
             self.outcome or self._seen or "error",
@@ -430,12 +453,14 @@ _SCRIPTS: dict[str, Script | None] = {
     "extend": EXTEND,  # SET ... IFEQ where the server has it
     "release": RELEASE,
     "forget": FORGET,
+    "checkpoint": None,
 }
 _RESULTS: dict[str, Callable[[object], str | None]] = {
     "complete": lambda _: "completed",
     "extend": lambda _: "claimed",
     "release": lambda released: "released" if released else "not_held",
     "forget": lambda forgot: "forgotten" if forgot else "not_held",
+    "checkpoint": lambda _: "checkpointed",
 }
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -464,6 +464,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         self._let_go()
         return bool(await self._call(script, args, self._both_keys))
 
+    @_events.observe("checkpoint")
     async def checkpoint(self, value: bytes | str) -> None:
         """Save the work's progress, for the next owner to resume from if this one stops (``checkpoints=True``).
 

@@ -465,6 +465,7 @@ class Claim(ClaimBase["SyncClient"]):
         self._let_go()
         return bool(self._call(script, args, self._both_keys))
 
+    @_events.observe("checkpoint")
     def checkpoint(self, value: bytes | str) -> None:
         """Save the work's progress, for the next owner to resume from if this one stops (``checkpoints=True``).
 
