@@ -12,12 +12,13 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 
 from .. import _events
-from .._clients.cluster import is_redirect, node_round_async
+from .._clients.cluster import is_redirect, node_round_async, resends
 from .._clients.errors import distrust_async, failed_async, is_reshaping, raised_by_client, translate
 from .._clients.families import (
     ASYNC_CLIENTS,
     ASYNC_CLUSTERS,
     CLUSTER_ERRORS,
+    CONNECTION_ERRORS,
     ERRORS,
     NO_SCRIPT,
     RESPONSE_ERRORS,
@@ -515,9 +516,11 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         Returns:
             ``True`` when there was a claim or a result to delete.
         """
-        script, args = self._forget_call(wake_kind(self._client))
+        wake = wake_kind(self._client)
+        script, args = self._forget_call(wake)
         self._let_go()
-        return bool(await self._call(script, args, self._both_keys))
+        # The script announces the free key itself; DEL has the announcement pipelined behind it.
+        return bool(await self._call(script, args, self._both_keys, announce=(wake, self.claim_key, "free")))
 
     @_events.observe("checkpoint")
     async def checkpoint(self, value: bytes | str) -> None:
@@ -887,6 +890,14 @@ async def _behind(
         if sends is not None:
             sends.count += 1  # a pipeline's re-sends are redis-py's, unseen
         replies = await _pipelined(client, [command, *behind])
+        # A cluster pipeline whose connection failed answers so rather than sending again
+        # (redis-py's asyncio one): sent again as the client's execute_command would.
+        again = resends(client) if isinstance(replies[0], CONNECTION_ERRORS) else 0
+        while again and isinstance(replies[0], CONNECTION_ERRORS):
+            again -= 1
+            if sends is not None:
+                sends.count += 1
+            replies = await _pipelined(client, [command, *behind])
     if isinstance(replies[0], BaseException):
         raise replies[0]
     return replies

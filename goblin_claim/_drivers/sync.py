@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 
 from .. import _events
-from .._clients.cluster import is_redirect, node_round
+from .._clients.cluster import is_redirect, node_round, resends
 from .._clients.errors import distrust, failed, is_reshaping, raised_by_client, translate
 from .._clients.families import (
     CLIENTS,
     CLUSTERS,
     CLUSTER_ERRORS,
+    CONNECTION_ERRORS,
     ERRORS,
     NO_SCRIPT,
     RESPONSE_ERRORS,
@@ -516,9 +517,11 @@ class Claim(ClaimBase["SyncClient"]):
         Returns:
             ``True`` when there was a claim or a result to delete.
         """
-        script, args = self._forget_call(wake_kind(self._client))
+        wake = wake_kind(self._client)
+        script, args = self._forget_call(wake)
         self._let_go()
-        return bool(self._call(script, args, self._both_keys))
+        # The script announces the free key itself; DEL has the announcement pipelined behind it.
+        return bool(self._call(script, args, self._both_keys, announce=(wake, self.claim_key, "free")))
 
     @_events.observe("checkpoint")
     def checkpoint(self, value: bytes | str) -> None:
@@ -888,6 +891,14 @@ def _behind(
         if sends is not None:
             sends.count += 1  # a pipeline's re-sends are redis-py's, unseen
         replies = _pipelined(client, [command, *behind])
+        # A cluster pipeline whose connection failed answers so rather than sending again
+        # (redis-py's asyncio one): sent again as the client's execute_command would.
+        again = resends(client) if isinstance(replies[0], CONNECTION_ERRORS) else 0
+        while again and isinstance(replies[0], CONNECTION_ERRORS):
+            again -= 1
+            if sends is not None:
+                sends.count += 1
+            replies = _pipelined(client, [command, *behind])
     if isinstance(replies[0], BaseException):
         raise replies[0]
     return replies

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .scripts import PEXPIRETIME, SET_IFEQ, SET_NX_GET, with_owner_checks
+from .scripts import DEL_KEYS, PEXPIRETIME, SET_IFEQ, SET_NX_GET, with_owner_checks
 
 
 def owner_check_unusable(exc: BaseException) -> bool:
@@ -25,7 +25,7 @@ def without_owner_check(available: frozenset[str], check: str, exc: BaseExceptio
     refused SET NX GET takes PEXPIRETIME with it, which no longer vouches for it.
     """
     if check == SET_NX_GET:
-        return available - {SET_NX_GET, PEXPIRETIME}
+        return available - {SET_NX_GET, PEXPIRETIME, DEL_KEYS}
     left = available - {check}
     if check != SET_IFEQ and is_unknown_command(exc):
         left = with_owner_checks(left - {SET_IFEQ})

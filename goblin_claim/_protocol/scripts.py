@@ -67,6 +67,11 @@ SET_IFEQ: Final = "SET IFEQ"  # a name in the probed set, not a command: inferre
 # error) costs one call, then the script.
 SET_NX_GET: Final = "SET NX GET"
 PEXPIRETIME: Final = "PEXPIRETIME"
+# forget.lua deletes the record's keys and announces it: DEL, with the announcement
+# pipelined behind it (sent whether or not it deleted). Every server has DEL; it is
+# taken where SET ... NX GET is, so a server's own commands serve every operation of
+# a plain handle, or none of them does.
+DEL_KEYS: Final = "DEL"
 BUILTIN_COMMANDS: Final = (DELIFEQ, DELEX, PEXPIRETIME)
 
 CLAIM: Final = Script.load("claim", 2, native="GOBLIN.CLAIM")
@@ -86,7 +91,7 @@ COMPLETE_FENCED: Final = replace(COMPLETE, numkeys=3)
 EXTEND: Final = Script.load("extend", 1, owner_checks=(SET_IFEQ,))
 RELEASE: Final = Script.load("release", 1, native="GOBLIN.CAD", owner_checks=(DELIFEQ, DELEX))
 PEEK: Final = Script.load("peek", 2)
-FORGET: Final = Script.load("forget", 2)
+FORGET: Final = Script.load("forget", 2, owner_checks=(DEL_KEYS,))
 CHECKPOINT: Final = Script.load("checkpoint", 2)
 SCRIPTS: Final = (CLAIM, COMPLETE, EXTEND, RELEASE, PEEK, FORGET, CHECKPOINT)
 NATIVE_COMMANDS: Final = tuple(s.native for s in SCRIPTS if s.native)
@@ -116,7 +121,7 @@ def with_owner_checks(found: frozenset[str]) -> frozenset[str]:
     """``found`` (the probed commands a server has), with ``SET IFEQ`` and ``SET NX GET`` where they can be inferred."""
     if DELIFEQ in found or DELEX in found:
         found |= {SET_IFEQ}
-    return found | {SET_NX_GET} if PEXPIRETIME in found else found
+    return found | {SET_NX_GET, DEL_KEYS} if PEXPIRETIME in found else found
 
 
 def owner_check(mode: NativeMode, available: frozenset[str] | None, script: Script) -> str | None:
@@ -137,7 +142,7 @@ def owner_check(mode: NativeMode, available: frozenset[str] | None, script: Scri
 def owner_check_command(
     name: str, args: tuple[str | bytes | int, ...], script: Script | None = None
 ) -> tuple[str | bytes | int, ...]:
-    """The command of owner check ``name`` for a script's arguments (the claim's, complete's, extend's or release's).
+    """The command of owner check ``name`` for the arguments of ``script`` (extend's or release's by default).
 
     ``SET claim_key token IFEQ token EX seconds`` writes the value the key holds
     already, so it only renews the lease, as ``EXPIRE`` in extend.lua does; it
@@ -145,8 +150,10 @@ def owner_check_command(
     (``script``), ``SET claim_key "<marker> <value>" IFEQ token EX ttl`` stores the
     record (the handle sends it only with an ASCII token when the value is bytes: the
     marker is then its own bytes in any encoding). ``SET claim_key token NX GET EX
-    lease`` is the claim (see ``owner_check_reply``).
+    lease`` is the claim (see ``owner_check_reply``); ``DEL`` of ``script``'s keys, forget.
     """
+    if name == DEL_KEYS:
+        return ("DEL", *args[: script.numkeys if script is not None else 2])
     if name == SET_NX_GET:
         key, _result_key, token, seconds = args[:4]
         return ("SET", key, token, "NX", "GET", "EX", seconds)

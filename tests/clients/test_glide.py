@@ -37,7 +37,7 @@ from goblin_claim._clients.glide import AsyncGlideAdapter, GlideAdapter, adapter
 from goblin_claim._clients.kinds import client_kind
 from goblin_claim._clients.transport import state_of
 from goblin_claim._protocol.refusals import is_unknown_command
-from goblin_claim._protocol.scripts import COMPLETE, PEXPIRETIME
+from goblin_claim._protocol.scripts import COMPLETE, DEL_KEYS, PEXPIRETIME
 from goblin_claim._protocol.scripts import SET_NX_GET as SET_NX_GET_PROBED
 from tests.claim.test_wakeup import (  # a poll every 5 s: only a wake-up is quicker
     SlowPollingAsyncClaim,
@@ -394,7 +394,7 @@ def test_native_probe_does_not_break_a_resp3_glide_client(redis_native: Any, pro
         key = unique()
         handle = Claim.from_keys(client, f"c:{{{key}}}", f"r:{{{key}}}", lease=30)
         assert isinstance(handle.acquire(), Claimed)
-        found = frozenset({"GOBLIN.CLAIM", "GOBLIN.CAD", PEXPIRETIME, SET_NX_GET_PROBED})
+        found = frozenset({"GOBLIN.CLAIM", "GOBLIN.CAD", PEXPIRETIME, SET_NX_GET_PROBED, DEL_KEYS})
         assert state_of(adapt(client)).native == found
         assert raw.info("commandstats")["cmdstat_goblin.claim"]["calls"] == before + 1
         assert handle.release()

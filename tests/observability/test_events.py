@@ -92,12 +92,13 @@ def test_each_operation_ends_in_one_event_with_its_outcome(client: redis.Redis, 
     assert events.outcomes("complete", key) == ["completed"]
     assert events.outcomes("release", key) == ["not_held"]
     assert events.outcomes("forget", key) == ["forgotten", "not_held"]
-    # Stock redis-server 7: claims take its SET ... NX GET, the rest the scripts (no SET IFEQ, no DELIFEQ).
+    # Stock redis-server 7: claims take its SET ... NX GET and forget its DEL, the rest the scripts
+    # (no SET IFEQ, no DELIFEQ).
     assert [e.path for e in events.events if e.operation == "acquire"] == ["command"] * 3
     for event in events.events:
         assert event.outcome in _events.OUTCOMES
         assert event.namespace == "goblin"
-        assert event.path == ("command" if event.operation == "acquire" else "script")
+        assert event.path == ("command" if event.operation in ("acquire", "forget") else "script")
         assert event.duration is not None
         assert 0 < event.duration < 5
         assert event.error is None
@@ -148,7 +149,7 @@ def test_native_path_is_reported(redis_native: RedisProcess, events: Recorder) -
 
 
 def test_the_server_s_own_commands_are_reported_as_command(valkey_standalone: RedisProcess, events: Recorder) -> None:
-    """On Valkey 9 a plain one-key record goes by its own commands: every operation but forget says path=command."""
+    """On Valkey 9 a plain one-key record goes by its own commands: every operation says path=command."""
     client = valkey_standalone.client()
     try:
         claim = Claim(client, unique())
@@ -162,7 +163,7 @@ def test_the_server_s_own_commands_are_reported_as_command(valkey_standalone: Re
         other.forget()
         assert [(e.operation, e.path) for e in events.events] == [
             ("acquire", "command"), ("extend", "command"), ("complete", "command"), ("acquire", "command"),
-            ("acquire", "command"), ("release", "command"), ("forget", "script"),
+            ("acquire", "command"), ("release", "command"), ("forget", "command"),
         ]  # fmt: skip
         fenced = Claim(client, unique(), fencing=True)
         fenced.acquire()

@@ -17,13 +17,13 @@ import redis
 
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, NativeUnavailableError
 from goblin_claim._clients.transport import state_of
-from goblin_claim._protocol.scripts import NATIVE_COMMANDS, PEXPIRETIME, SCRIPTS, SET_NX_GET
+from goblin_claim._protocol.scripts import DEL_KEYS, NATIVE_COMMANDS, PEXPIRETIME, SCRIPTS, SET_NX_GET
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique
 from tests.support.servers import RedisProcess
 
-# What the probe finds on a Redis 7 with the module: its commands, and SET ... NX GET.
-OWN = frozenset({PEXPIRETIME, SET_NX_GET})
+# What the probe finds on a Redis 7 with the module: its commands, and SET ... NX GET (with DEL for forget).
+OWN = frozenset({PEXPIRETIME, SET_NX_GET, DEL_KEYS})
 NATIVE_AND_OWN = frozenset(NATIVE_COMMANDS) | OWN
 
 
