@@ -540,15 +540,9 @@ class ClaimBase(Generic[ClientT]):
         """
         if value is None:
             return CLAIMED if taken else []
-        if value in _CLAIMED_REPLIES:
-            # A raw holder named CLAIMED (no token the SDK gives): never a win here, but a holder
-            # beside the lease it has left; without that, None asks for the read, as GOBLIN.CLAIM's nil.
-            if reads is None:
-                return None
-            return [value, reads[0] if type(reads[0]) is int else False]
         held: re.Match[bytes] | re.Match[str] | None
         if type(value) is bytes:
-            if value.startswith(_DONE_PREFIXES[0]):
+            if value.startswith(_DONE_PREFIXES[0]):  # a completed record: the duplicate's answer, first
                 return value
             held = _HELD.fullmatch(value)
         elif type(value) is str:
@@ -557,6 +551,12 @@ class ClaimBase(Generic[ClientT]):
             held = _HELD_TEXT.fullmatch(value)
         else:
             return value
+        if value in _CLAIMED_REPLIES:
+            # A raw holder named CLAIMED (no token the SDK gives): never a win here, but a holder
+            # beside the lease it has left; without that, None asks for the read, as GOBLIN.CLAIM's nil.
+            if reads is None:
+                return None
+            return [value, reads[0] if type(reads[0]) is int else False]
         if reads is None:
             return value
         left, expiry = reads

@@ -210,10 +210,12 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
 
     The client's encoder gives the encoding for str; a long value is kept as its
     own buffer, so a large result is not copied into the command. What recurs is
-    packed once: ``EVALSHA`` with one of the SDK's script SHAs, and small ints (a
-    lease, a key count).
+    packed once: ``EVALSHA`` with one of the SDK's script SHAs, small ints (a
+    lease, a key count), and the words of the server's own commands (``SET``,
+    ``NX``, ``GET``, ``EX``...).
     """
     encoding, errors = encoder.encoding, encoder.encoding_errors
+    words = _WORDS.get(encoding) or _packed_words(encoding, errors)
     buffers: list[bytes] = []
     args: Sequence[object] = command
     pending = [b"*%d\r\n" % len(command)]
@@ -228,6 +230,10 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
     for arg in args:
         kind = type(arg)
         if kind is str:
+            word = words.get(arg)  # type: ignore[call-overload]
+            if word is not None:
+                pending.append(word)
+                continue
             data = arg.encode(encoding, errors)  # type: ignore[attr-defined]
         elif kind is bytes:
             data = arg
@@ -256,6 +262,21 @@ _SHAS = frozenset(script.sha for script in SCRIPTS)
 _HEADS: dict[tuple[object, str], bytes] = {}
 _INTS: dict[int, bytes] = {}
 _INTS_KEPT = 512
+# The fixed words of the commands the SDK sends (its own commands' options, the announcements),
+# packed once per encoding.
+_PROTOCOL_WORDS = (
+    "SET", "NX", "GET", "EX", "IFEQ", "PTTL", "PEXPIRETIME", "DEL", "DELIFEQ", "publish", "spublish", "done", "free",
+)  # fmt: skip
+_WORDS: dict[str, dict[str, bytes]] = {}
+
+
+def _packed_words(encoding: str, errors: str) -> dict[str, bytes]:
+    packed = {}
+    for word in _PROTOCOL_WORDS:
+        data = word.encode(encoding, errors)
+        packed[word] = b"$%d\r\n%b\r\n" % (len(data), data)
+    _WORDS[encoding] = packed
+    return packed
 
 
 class Sends:
