@@ -620,9 +620,7 @@ class ClaimBase(Generic[ClientT]):
             key=self.key,
         )
 
-    def _scripting_refused(
-        self, script: Script, cause: BaseException, available: object, unprobed: bool
-    ) -> ServerError:
+    def _scripting_refused(self, script: Script, cause: BaseException, unprobed: bool) -> ServerError:
         """The error for a script this user's ACL refuses: what it needs, and why this call needs a script here."""
         if self._native == "never":
             why = 'the handle was made with native="never", which asks for the scripts'

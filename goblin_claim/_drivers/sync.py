@@ -760,7 +760,7 @@ class Claim(ClaimBase["SyncClient"]):
             if not raised_by_client(exc):
                 raise
             if is_scripting_refused(exc):
-                raise self._scripting_refused(script, exc, state.native, state.unprobed) from exc
+                raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise failed(client, exc, self.key, keys) from exc
 
     def _plain(self, commands: Sequence[Args], keys: str) -> list[object]:
@@ -821,7 +821,7 @@ class Claim(ClaimBase["SyncClient"]):
             if not raised_by_client(exc):
                 raise
             if is_scripting_refused(exc):
-                raise self._scripting_refused(script, exc, state.native, state.unprobed) from exc
+                raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise failed(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
 
@@ -1182,7 +1182,7 @@ def _batch_outcome(
     if isinstance(reply, ERRORS):
         if is_scripting_refused(reply):
             state = state_of(handle._client)
-            return handle._scripting_refused(handle._claim_call()[0], reply, state.native, state.unprobed)
+            return handle._scripting_refused(handle._claim_call()[0], reply, state.unprobed)
         return translate(reply, handle.key, handle.result_key)
     try:
         # ``resent``: the direct round counted its re-send; a pipeline's is redis-py's, unseen.

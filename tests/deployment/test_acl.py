@@ -378,3 +378,14 @@ def test_a_user_denied_scripting_runs_the_decorator_where_the_server_stores_with
         _refused(first, "SET ... IFEQ")
         assert first.result == {"order": "o-1"}  # the function ran: its result goes with the error
         assert runs[:2] == ["o-0", "o-1"]
+
+
+def test_a_user_denied_scripting_and_the_probe_is_told_to_grant_either(user_client: Any) -> None:
+    """Without +command|info the SDK cannot see the server's own commands: the error names both permissions."""
+    namespace, name, password, admin, port = user_client("~NS:* +@read +@write -@scripting", False)
+    with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
+        handle = Claim(client, unique(), namespace=namespace)
+        with pytest.raises(ServerError) as info:
+            handle.acquire()
+        _refused(info.value, "+command|info")
+        assert admin.exists(handle.claim_key) == 0
