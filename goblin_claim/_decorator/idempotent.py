@@ -1,8 +1,8 @@
 """``@idempotent``: run a function once per key; duplicates get the first result.
 
-``_Spec`` holds every decision (keys, fingerprints, encoding, what a stored value
-means); the I/O flow is written once, in ``_decorator/sync.py``, and its asyncio
-twin ``_decorator/aio.py`` is generated from it (``tools/gen_async.py``).
+``_Spec`` (``plan.py``) holds every decision (keys, fingerprints, encoding, what a
+stored value means); the I/O flow is written once, in ``_decorator/aio.py``, and its
+sync twin ``_decorator/sync.py`` is generated from it (``tools/unasync.py``).
 """
 
 from __future__ import annotations
