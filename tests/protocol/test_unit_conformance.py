@@ -83,12 +83,18 @@ class Impl:
                     Look("none", None, -2) if entry is None else Look(entry.type, entry.value, self.model.ttl_ms(key))
                 )
             return looks
-        found = []
+        pipe = self.client.pipeline(transaction=False)
         for key in keys:
-            kind = self.client.type(key)
+            pipe.type(key)
+            pipe.get(key)
+            pipe.hgetall(key)
+            pipe.pttl(key)
+        replies = pipe.execute(raise_on_error=False)
+        found = []
+        for index in range(0, len(replies), 4):
+            kind, text, table, ttl = replies[index : index + 4]
             kind = kind.decode() if isinstance(kind, bytes) else kind
-            value = self.client.get(key) if kind == "string" else self.client.hgetall(key) if kind == "hash" else None
-            found.append(Look(kind, value, float(self.client.pttl(key))))
+            found.append(Look(kind, text if kind == "string" else table if kind == "hash" else None, float(ttl)))
         return found
 
 
@@ -371,11 +377,15 @@ CASES: dict[str, Case] = {
 }  # fmt: skip
 
 
+# The client of the handles whose calls the cases run: they make their calls, never send them.
+UNSENT = fake_redis(native=False)
+
+
 def _handle(namespace: str, options: dict[str, Any]) -> Claim:
     """A handle of token w1 (lease 30 s, ttl 600 s) whose calls the case runs; it does no I/O."""
     options = dict(options)
     fence = options.pop("fence", None)
-    handle = Claim(fake_redis(native=False), "job", namespace=namespace, token="w1", lease=30, ttl=600, **options)
+    handle = Claim(UNSENT, "job", namespace=namespace, token="w1", lease=30, ttl=600, **options)
     handle._fence = fence
     return handle
 
