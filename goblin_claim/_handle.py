@@ -397,7 +397,11 @@ class ClaimBase(Generic[ClientT]):
                 # Free meanwhile (the next attempt may take it), or a non-string: in flight, as natively.
                 self._mine_until = 0.0
                 return InFlight(key=self.key), None
-            if len(reply) == 4 and type(reply[1]) is int and reply[1] <= 0:
+            checkpoint = None
+            if len(reply) == 5 and type(reply[4]) is list:
+                # This token's claim read back with the checkpoint (a checkpointed claim sent again).
+                checkpoint, reply = reply[4], reply[:4]
+            if len(reply) == 4 and type(reply[1]) is int and reply[1] <= 0 and type(reply[3]) is int:
                 # An at-most-once record whose deadline passed without a result.
                 self._mine_until = 0.0
                 raise self._interrupted(holder, reply[3])
@@ -409,7 +413,7 @@ class ClaimBase(Generic[ClientT]):
             if holder == self.token or holder == self.token.encode():
                 fence = reply[2] if len(reply) > 2 else None
                 if self._owns(resent, now, fence):
-                    return self._claimed(fence, acknowledged, sent_at, held=True), holder
+                    return self._claimed(fence, acknowledged, sent_at, held=True, checkpoint=checkpoint), holder
                 self._mine_until = 0.0
                 # another handle with this token holds it
                 return InFlight(key=self.key, retry_after=lapse, holder=holder_name(holder)), holder
