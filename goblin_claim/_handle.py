@@ -121,6 +121,7 @@ class ClaimBase(Generic[ClientT]):
         "_holder",
         "_keep",
         "_lapse_ms",
+        "_made_token",
         "_mine_until",
         "_native",
         "_replica_timeout_ms",
@@ -176,6 +177,7 @@ class ClaimBase(Generic[ClientT]):
         self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
         self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
         self.token = new_token() if token is None else check_token(token)
+        self._made_token = token is None  # unique to this handle: no other handle can hold it
         self._native = native if type(native) is str and native == "auto" else check_native(native)
         self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
         self._holder: object = None  # what the last claim reply said claim_key holds, when it said
@@ -238,6 +240,7 @@ class ClaimBase(Generic[ClientT]):
         self.key = key
         self.claim_key, self.result_key = build_keys(namespace, key)
         self.lease, self.ttl, self.token, self._native = lease, ttl, token, native
+        self._made_token = True  # the decorator's and a batch's tokens are made for their handle
         self._fence_key = None
         self._replicas, self._replica_timeout_ms = replicas, replica_timeout_ms
         self._lapse_ms = None
@@ -506,6 +509,12 @@ class ClaimBase(Generic[ClientT]):
         ``GOBLIN.CAD``) and claiming within its lease.
         """
         if resent:
+            return True
+        if self._keep is not None and self._made_token:
+            # At most once, a token this handle made holds the claim only if this handle took
+            # it: a claim re-sent by the client library itself (a cluster's, a wrapper's), whose
+            # first reply was lost, is its own, or nobody would run the work and it would read
+            # as interrupted once the lease ended.
             return True
         if now >= self._mine_until:
             return False

@@ -65,6 +65,16 @@ def test_the_attempt_is_kept_as_a_held_record_for_the_ttl(driver: Driver) -> Non
         assert 0 < outcome.retry_after <= 30
 
 
+def test_a_handle_given_the_holders_token_is_in_flight_and_the_holders_own_handle_claimed(driver: Driver) -> None:
+    """At most once, a token the handle made is its own wherever found; one given to another handle is not."""
+    owner = _owner(driver)
+    assert isinstance(owner.acquire(), Claimed)  # its own claim, read back
+    adopter = driver.claim(owner.key, at_most_once=True, token=owner.token)
+    outcome = adopter.acquire()
+    assert isinstance(outcome, InFlight)
+    assert outcome.holder == owner.token
+
+
 def test_a_short_ttl_still_keeps_the_record_for_the_lease(driver: Driver) -> None:
     """The record is kept max(lease, ttl): a ttl under the lease never drops the attempt before its deadline."""
     owner = _owner(driver, lease=60, ttl=5)
