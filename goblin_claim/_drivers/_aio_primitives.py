@@ -13,7 +13,7 @@ from typing import Any
 
 from .wakeup import async_wakeups as wakeups
 
-__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "sleep", "wakeups"]
+__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "raise_if_cancelled", "sleep", "wakeups"]
 
 # What a round trip cut short by the caller raises: an asyncio task's cancellation.
 CANCELLED: tuple[type[BaseException], ...] = (asyncio.CancelledError,)
@@ -36,6 +36,20 @@ async def sleep(woken: asyncio.Event | None, delay: float) -> None:
             await asyncio.wait((waiter,), timeout=delay)
         finally:
             waiter.cancel()
+
+
+def raise_if_cancelled() -> None:
+    """Raise the cancellation a round trip swallowed: the task was cancelled and goes on.
+
+    Before Python 3.12, a ``wait_for`` inside the client library (redis-py's send)
+    whose inner read finishes just as the task is cancelled returns, and the
+    cancellation is lost; the task still counts it (``cancelling()``, 3.11+). A loop
+    that polls for seconds asks before it sleeps, so a cancelled ``wait()`` stops.
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
 
 
 async def load_commands(cluster: Any) -> None:

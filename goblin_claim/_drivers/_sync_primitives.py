@@ -12,7 +12,7 @@ from typing import Any
 
 from .wakeup import wakeups
 
-__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "sleep", "wakeups"]
+__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "raise_if_cancelled", "sleep", "wakeups"]
 
 # What a round trip cut short by the caller raises: nothing, a thread is not cancelled
 # (a KeyboardInterrupt is the drivers' own to handle, as any BaseException).
@@ -28,6 +28,10 @@ def sleep(woken: threading.Event | None, delay: float) -> None:
         time.sleep(delay)
     else:
         woken.wait(delay)
+
+
+def raise_if_cancelled() -> None:
+    """Nothing to raise: a thread is not cancelled."""
 
 
 def load_commands(cluster: Any) -> None:

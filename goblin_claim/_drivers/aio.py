@@ -50,7 +50,7 @@ from .._protocol.scripts import (
     script_command,
 )
 from .._protocol.timing import WaitSchedule
-from ._aio_primitives import load_commands, sleep, wakeups
+from ._aio_primitives import load_commands, raise_if_cancelled, sleep, wakeups
 from .keepalive import AsyncKeepAlive
 from .wakeup import wake_kind
 
@@ -529,6 +529,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                     delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
                     if delay is None:
                         raise failure or schedule.expired(holder_name(self._holder))
+                    raise_if_cancelled()
                     await sleep(woken, delay)
                     if _events.enabled:
                         _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")

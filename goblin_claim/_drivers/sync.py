@@ -51,7 +51,7 @@ from .._protocol.scripts import (
     script_command,
 )
 from .._protocol.timing import WaitSchedule
-from ._sync_primitives import load_commands, sleep, wakeups
+from ._sync_primitives import load_commands, raise_if_cancelled, sleep, wakeups
 from .keepalive import KeepAlive
 from .wakeup import wake_kind
 
@@ -530,6 +530,7 @@ class Claim(ClaimBase["SyncClient"]):
                     delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
                     if delay is None:
                         raise failure or schedule.expired(holder_name(self._holder))
+                    raise_if_cancelled()
                     sleep(woken, delay)
                     if _events.enabled:
                         _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")

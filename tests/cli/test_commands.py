@@ -18,6 +18,7 @@ import redis
 
 from goblin_claim import Claim, Claimed, ResultLostError, WrongTypeError, idempotent
 from goblin_claim._cli.doctor import eviction_finding, native_finding, owner_check_finding
+from goblin_claim._protocol.scripts import SCRIPTS
 from tests.cli.invoke import run, url
 from tests.conftest import publish, unique
 from tests.support import servers
@@ -64,7 +65,7 @@ def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(each_se
     assert "standalone" in text
     assert "GOBLIN.CLAIM / GOBLIN.CAD are not loaded" in text
     assert "loadmodule" in text
-    assert "the 6 Lua scripts load" in text
+    assert f"the {len(SCRIPTS)} Lua scripts load" in text
     assert "maxmemory-policy noeviction" in text
     assert "may run on" in text
     assert "no problems" in text

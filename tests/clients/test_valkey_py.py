@@ -48,6 +48,7 @@ from goblin_claim._cli.main import main
 from goblin_claim._clients.errors import is_transient, translate
 from goblin_claim._clients.transport import state_of
 from goblin_claim._drivers.wakeup import async_wakeups, wakeups
+from goblin_claim._protocol.scripts import SCRIPTS
 from tests.conftest import unique
 from tests.support import servers
 from tests.support.proxy import FaultProxy, Faults
@@ -558,7 +559,7 @@ def test_the_command_takes_valkey_urls(redis_standalone: RedisProcess) -> None:
     try:
         status, text = _cli("doctor", "--url", target, "--namespace", ns, "--ephemeral")
         assert status == 0, text
-        assert "the 6 Lua scripts load" in text
+        assert f"the {len(SCRIPTS)} Lua scripts load" in text
         owner = Claim(raw, "evt88", namespace=ns, token="worker-3")
         assert isinstance(owner.acquire(), Claimed)
         status, text = _cli("inspect", "evt88", "--namespace", ns, "--url", target)
