@@ -981,23 +981,21 @@ async def _in_a_task_of_its_own(keeper: AsyncKeepAlive, work: Awaitable[T]) -> T
         except asyncio.CancelledError as exc:
             outside = exc  # the caller is cancelled: so is the work, waited for to its end
             child.cancel()
-    error = None if child.cancelled() else child.exception()
+    try:
+        result = child.result()
+    except BaseException as exc:  # its own error, or its cancellation
+        if outside is not None:
+            keeper._disarm(None)
+            raise outside from None
+        stopped = keeper._disarm(exc)
+        if stopped is not None:
+            raise stopped from exc
+        raise  # its own error, or a cancellation by someone else (itself): as in the caller's own task
+    keeper._disarm(None)
     if outside is not None:
-        keeper._disarm(None)
-        if child.cancelled() or error is not None:
-            raise outside
         # The work returned as its caller was cancelled: the result goes on to be kept, and the
         # cancellation is delivered again at the caller's next await, as in the caller's own task.
         current = asyncio.current_task()
         assert current is not None
         current.cancel()
-        return child.result()
-    if child.cancelled() or error is not None:
-        stopped = keeper._disarm(error or asyncio.CancelledError())
-        if stopped is not None:
-            raise stopped from error
-        if error is None:
-            raise asyncio.CancelledError  # cancelled by someone else (itself): as in the caller's own task
-        raise error
-    keeper._disarm(None)
-    return child.result()
+    return result
