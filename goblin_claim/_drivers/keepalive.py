@@ -133,7 +133,7 @@ _IDLE: Final = 10.0
 # Why a keep-alive marked its claim lost, as ``ensure_held()`` and a stopped call's error say it.
 GONE: Final = "a renewal found it gone (expired, deleted, or held by another token)"
 LAPSED: Final = "no renewal succeeded before the lease ran out"
-OVER: Final = "the lease is over by this handle's own clock (no renewal came in time: a stall, a freeze?)"
+OVER: Final = "the lease is over by this handle's own clock (no renewal came in time: the process or its loop stalled)"
 
 
 def _renewed(claims: Sequence[Renewable | AsyncRenewable]) -> list[tuple[str | bytes | int, ...]]:
