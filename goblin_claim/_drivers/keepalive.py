@@ -33,9 +33,10 @@ Lost means stopped. The handle's ``ensure_held()`` reads what its keep-alive kno
 in time), with no round trip, for sync work to ask before an irreversible step. An
 asyncio keep-alive armed with a task (``cancel_on_loss``, ``stop_on_loss``: what
 ``@idempotent`` and the ASGI door use) cancels it as it marks the claim lost, from
-the timer or the renewal that finds it so, and gives the loss up on time while a
-renewal is on the wire, so a loop that stalled past the lease stops the work before
-its next step runs.
+the renewal that finds it so or from a timer: its own, come late, or its batch's
+give-up at the lease's end (one timer a batch, while the renewal is on the wire).
+Those mark the loss in their own callbacks, so a loop that stalled past the lease
+stops the work before its next step runs.
 
 A sync lane stuck on a dead connection cannot be interrupted (redis-py's
 default ``socket_timeout`` is ``None``); once it has cost a claim its lease, the
@@ -630,8 +631,38 @@ class _AsyncBatch:
         self.keepers = keepers
         self.members = set(keepers)  # those still waiting for it
         self.task: asyncio.Task[None] | None = None
+        self.guard: asyncio.TimerHandle | None = None  # the give-up at the earliest lease's end
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send it, and give each renewal up on time at its lease's end whatever the send does meanwhile.
+
+        One timer for the batch, at the earliest lease's end: it marks lost, in the
+        timer's own callback, those past theirs, so a loop that comes back from a stall
+        runs it before the work's next step (the send's own timeout takes a turn more).
+        """
+        self.task = loop.create_task(self.run(loop), name=f"goblin-claim renewal of {len(self.keepers)} claims")
+        self._guard_next(loop)
+
+    def _guard_next(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiting = [k._deadline - k._margin for k in self.keepers if k._batch is self and not k._stopped]
+        self.guard = loop.call_at(min(waiting), self._give_up, loop) if waiting else None
+
+    def _give_up(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for keeper in self.keepers:
+            if keeper._batch is self and not keeper._stopped and now >= keeper._deadline - keeper._margin:
+                keeper._lose(keeper._lapsed(), None)
+        self._guard_next(loop)
 
     async def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await self._run(loop)
+        finally:
+            if self.guard is not None:
+                self.guard.cancel()
+                self.guard = None
+
+    async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         keepers = [k for k in self.keepers if not k._stopped]
         for keeper in [k for k in keepers if now >= k._deadline - k._margin]:
@@ -734,9 +765,9 @@ class _AsyncLanes:
         if not keepers:
             return
         batch = _AsyncBatch(keepers)
-        batch.task = loop.create_task(batch.run(loop), name=f"goblin-claim renewal of {len(keepers)} claims")
         for keeper in keepers:
             keeper._batch = batch
+        batch.start(loop)
 
 
 _ASYNC_LANES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncLanes] = weakref.WeakKeyDictionary()
@@ -772,8 +803,7 @@ class AsyncKeepAlive(_Renewal):
         super().__init__(claim, interval)
         self._claim = claim
         self._loop: asyncio.AbstractEventLoop | None = None
-        # The next renewal's, or while one is out the give-up's at the lease's end.
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the next renewal's
         self._batch: _AsyncBatch | None = None
         self._cancelled: asyncio.Task[None] | None = None  # a batch task this keep-alive ended
         self._cancel_on_loss = cancel_on_loss
@@ -843,23 +873,13 @@ class AsyncKeepAlive(_Renewal):
             # before the work's own callbacks of this turn run on.
             self._lose(self._lapsed(), None)
             return
-        _async_lanes(loop).due(self, loop)
-        # Given up at the lease's end, on time, whatever the renewal on the wire does meanwhile.
-        self._timer = loop.call_at(self._deadline - self._margin, self._expire)
-
-    def _expire(self) -> None:
-        self._timer = None
-        if not self._stopped:
-            self._lose(self._lapsed(), None)
+        _async_lanes(loop).due(self, loop)  # its batch gives it up on time at the lease's end
 
     def _settle(self, outcome: Outcome | None, sent_at: float, now: float) -> None:
         """Act on one renewal's outcome; ``None``: given up, the lease left ran out."""
         self._batch = None
         if self._stopped or self._loop is None:
             return
-        if self._timer is not None:
-            self._timer.cancel()  # the give-up's
-            self._timer = None
         if outcome is True:
             self.renewals += 1
             self._deadline = sent_at + self._claim.lease

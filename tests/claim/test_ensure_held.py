@@ -21,9 +21,11 @@ import redis.asyncio
 
 from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, InvalidArgumentError, InvalidArgumentTypeError
 from goblin_claim._drivers.keepalive import GONE, LAPSED, OVER
+from goblin_claim._protocol.scripts import EXTEND
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique, until, until_async
 from tests.support import servers
+from tests.support.proxy import FaultProxy
 from tests.support.servers import RedisProcess
 
 NS = "held"
@@ -326,3 +328,38 @@ def test_work_that_blocks_its_own_loop_asks_ensure_held(raw: redis.Redis) -> Non
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_loop_stalled_while_a_renewal_is_out_stops_the_block_before_its_next_step(raw: redis.Redis) -> None:
+    """A renewal held on the wire, then the loop blocked past the lease: the batch's give-up marks the loss first.
+
+    The work's own timer comes due during the stall too, before the give-up's: the
+    give-up still runs in the same loop turn, so the work is cancelled where it awaits.
+    """
+    effects: list[str] = []
+    port = raw.connection_pool.connection_kwargs["port"]
+
+    async def scenario(proxy: FaultProxy) -> BaseException | None:
+        client = redis.asyncio.Redis(host=servers.HOST, port=proxy.port)
+        claim = AsyncClaim(client, unique("out-stall"), namespace=NS, lease=1)
+        assert isinstance(await claim.acquire(), Claimed)
+        proxy.faults.hold_next_reply(b"EVALSHA", EXTEND.sha.encode(), times=None)
+        loop = asyncio.get_running_loop()
+        try:
+            async with claim.keep_alive(cancel_on_loss=True):
+                await asyncio.sleep(0.45)  # the renewal went out at a third of the lease; its reply is held
+                loop.call_later(0.05, time.sleep, 1.0)  # then the loop blocks past the lease's end
+                await asyncio.sleep(0.3)  # due during the stall
+                effects.append("charged")
+        except ClaimLostError as exc:
+            return exc
+        finally:
+            await client.aclose()
+        return None
+
+    with FaultProxy(port, hold_limit=5) as proxy:
+        caught = asyncio.run(scenario(proxy))
+        assert proxy.faults.lost(b"EVALSHA", EXTEND.sha.encode()) >= 1  # the renewal was on the wire
+    assert isinstance(caught, ClaimLostError)
+    assert LAPSED in str(caught)
+    assert effects == []
