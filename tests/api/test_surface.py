@@ -27,7 +27,7 @@ from goblin_claim import (
 from goblin_claim.testing import fake_redis
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "idempotent", "GoblinClaimError",
+PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "idempotent", "current_claim", "GoblinClaimError",
           "ClaimLostError", "StillInFlightError", "PayloadMismatchError"]  # fmt: skip
 
 
