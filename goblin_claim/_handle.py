@@ -120,6 +120,7 @@ class ClaimBase(Generic[ClientT]):
         "_fence_key",
         "_holder",
         "_keep",
+        "_keeper",
         "_lapse_ms",
         "_made_token",
         "_mine_until",
@@ -183,6 +184,7 @@ class ClaimBase(Generic[ClientT]):
         self._holder: object = None  # what the last claim reply said claim_key holds, when it said
         self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
         self._fence: int | None = None  # the fence of the claim this handle holds or last held
+        self._keeper: Any = None  # the keep-alive renewing this handle's claim, for ensure_held()
         if fencing is False:
             self._fence_key: str | None = None
         elif fencing is True:
@@ -252,6 +254,7 @@ class ClaimBase(Generic[ClientT]):
             self._unit(at_most_once, checkpoints)
         else:
             self._keep = self._checkpoint_key = None
+        self._keeper = None
         return self
 
     @classmethod
@@ -557,6 +560,40 @@ class ClaimBase(Generic[ClientT]):
     def _let_go(self) -> None:
         """This handle no longer holds the claim: released, completed, or forgotten."""
         self._mine_until = 0.0
+        self._keeper = None
+
+    def ensure_held(self) -> None:
+        """Raise ``ClaimLostError`` if this handle's claim is lost by what it knows, with no round trip.
+
+        Call it before a step that must not run once the claim is lost (a charge, an
+        email). It goes by the handle's keep-alive when one began (a renewal found the
+        claim gone, or none succeeded before the lease ran out, or, when the renewer has
+        not run in time, the lease is over by the clock), else by the handle's own clock
+        since it took the claim. It reads no server: the claim may still be lost the
+        moment after, so keep the step after it short beside the lease.
+
+        A handle that never took the claim, or gave it up (``complete()``,
+        ``release()``, ``forget()``), raises; so does a handle made with the token of a
+        claim another handle took, which has no lease of its own to go by, unless a
+        keep-alive of its own runs (its first renewal tells).
+
+        Raises:
+            ClaimLostError: Naming the key, the token and why.
+        """
+        keeper = self._keeper
+        if keeper is not None:
+            why = keeper._not_held(self._mine_until)
+        elif time.monotonic() < self._mine_until:
+            return
+        elif self._mine_until:
+            why = "the lease it took is over by this handle's own clock"
+        else:
+            why = (
+                "this handle holds no claim of its own (it never took one, it completed, released or forgot it, "
+                "or it was made with the token of a claim another handle took)"
+            )
+        if why is not None:
+            raise ClaimLostError(f"token {self.token!r} no longer holds {self.key!r}: {why}", key=self.key)
 
     def _complete_call(
         self, value: object, encoding: str = "utf-8", text_only: bool = False, wake: str = ""

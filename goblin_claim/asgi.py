@@ -18,6 +18,7 @@ byte, with ``Idempotent-Replayed: true``::
     claim ──Claimed──► run the app (lease kept alive), buffer the response ─► store ─► send
        │                  ├─ raised (client still there), 5xx, 408, 425, 429 ─► key given back (release)
        │                  ├─ cancelled, client gone, no whole response ─► kept closed: abandoned
+       │                  ├─ claim lost while the app runs ─► the app cancelled; 503 claim-lost, nothing kept
        │                  └─ too large or streamed (stream_types, trailers, files) ─► passed through, marked unstored
        ├─Completed──► same fingerprint: replay; other: 422; marked unstored: 422; abandoned: 422
        ├─InFlight───► other fingerprint: 422; wait=0: 409; else wait for it
@@ -41,8 +42,10 @@ route, ``routes=`` by path pattern or by a function, and an endpoint's own
 ``@idempotency_key("ignore")`` (a Litestar handler's ``opt``) over both.
 
 Not guaranteed: a lease that lapses while the app runs (Redis unreachable for
-longer than ``lease``) lets a retry run the app a second time; the late first
-run is then answered 503 and its response is not stored, so every duplicate
+longer than ``lease``) lets a retry run the app a second time. The first run is
+cancelled once its keep-alive sees the loss (a renewal that finds the claim gone,
+or none succeeding before the lease ends), at the app's next await, and answered
+503; a response that ends after the loss is not stored either, so every duplicate
 agrees with the response that was. Responses to ``GET``, ``HEAD``, ``OPTIONS``
 and ``TRACE`` are never intercepted.
 """
@@ -58,6 +61,7 @@ from . import _events, _http
 from ._clients.transport import to_the_end_async
 from ._drivers.aio import AsyncClaim
 from ._drivers.http_aio import AsyncDoor, _digest, abandon, give_back, mark, open_claim, store
+from ._drivers.keepalive import AsyncKeepAlive, stop_on_loss
 from ._http import (
     DEFAULT_NEVER_REPLAYED,
     DEFAULT_RELEASE_STATUSES,
@@ -301,12 +305,18 @@ class IdempotencyMiddleware:
                 op.note("payload_mismatch")
             await _send_answer(send, opened, self.options.problem_docs)
             return
-        exchange = _Exchange(self, claim, fp, receive, send)
+        keeper = claim.keep_alive()
+        exchange = _Exchange(self, claim, fp, receive, send, keeper)
         try:
-            async with claim.keep_alive():
+            async with keeper:
                 exchange.started = True
-                await self.app(scope, exchange.receive, exchange.send)
+                # A lost claim cancels the app: not this request's key any more.
+                await stop_on_loss(keeper, self.app(scope, exchange.receive, exchange.send))
         except BaseException as exc:
+            if keeper._stopped_work:
+                op.note("lease_lost")
+                await to_the_end_async(exchange.lost())
+                return
             await to_the_end_async(exchange.settle(exc))
             raise
         await to_the_end_async(exchange.settle(None))
@@ -348,13 +358,17 @@ class _Exchange:
     """
 
     __slots__ = (
-        "_chunks", "_claim", "_fp", "_gone", "_mode", "_owner", "_receive", "_send", "_size", "_start", "_unstored",
-        "ended", "started",
+        "_chunks", "_claim", "_fp", "_gone", "_keeper", "_mode", "_owner", "_receive", "_send", "_size", "_start",
+        "_unstored", "ended", "started",
     )  # fmt: skip
 
-    def __init__(self, owner: IdempotencyMiddleware, claim: AsyncClaim, fp: str, receive: Receive, send: Send) -> None:
+    def __init__(
+        self, owner: IdempotencyMiddleware, claim: AsyncClaim, fp: str, receive: Receive, send: Send,
+        keeper: AsyncKeepAlive,
+    ) -> None:  # fmt: skip
         self._owner = owner
         self._claim = claim
+        self._keeper = keeper  # renews the claim until the response is settled
         self._fp = fp
         self._receive = receive
         self._send = send
@@ -452,6 +466,7 @@ class _Exchange:
         assert self._unstored is not None
         self._mode = "settled"
         marker = _http.unstored_payload(self._fp, self._start["status"], self._unstored)
+        self._keeper._end()  # the key is settled by this write: nothing left to renew, nor to lose
         await to_the_end_async(mark(self._claim, marker))
 
     async def _store_and_send(self) -> None:
@@ -465,6 +480,8 @@ class _Exchange:
         )
         # The app has answered: a cancellation now (the client left mid-store) must not
         # drop its answer, so the store lands first and the cancellation propagates after.
+        # The key is settled by this write: nothing left to renew, nor a loss to cancel the app for.
+        self._keeper._end()
         stored = await to_the_end_async(store(self._claim, payload, start["status"], self._fp))
         if stored == "lost":
             await _send_answer(
@@ -502,6 +519,22 @@ class _Exchange:
             await self._forward(self._start)
             if self._chunks:
                 await self._forward({"type": "http.response.body", "body": b"".join(self._chunks), "more_body": True})
+
+    async def lost(self) -> None:
+        """The claim was lost while the app ran, and the app was cancelled for it: answered as a lost store is.
+
+        Nothing is kept, marked or given back: the key is another request's now (or
+        free). A response the app had begun to pass through ends where it was cut.
+        """
+        mode, self._mode = self._mode, "settled"
+        logger.warning("key %s: the claim was lost while the app ran; the app was cancelled", _digest(self._claim))
+        if mode == "buffer":
+            await _send_answer(
+                self._forward,
+                _http.problem(503, _http.LOST, retry=True, code="claim-lost"),
+                self._owner.options.problem_docs,
+            )
+            self.ended = True
 
     def _abandoned(self, error: BaseException | None) -> str:
         """Why the request ended without a whole response, for the marker and the log."""

@@ -102,7 +102,9 @@ def idempotent(
 
     Not guaranteed: a function whose claim is lost (its lease lapsed without
     renewal and another caller took it) may have run twice; its late result raises
-    ``ClaimLostError`` and is not stored.
+    ``ClaimLostError`` and is not stored. Under the keep-alive an ``async def`` is
+    cancelled once the loss is seen (its caller gets ``ClaimLostError``), and a
+    ``def`` stops where it calls ``current_claim().ensure_held()``.
     """
 
     def decorate(func: Callable[..., Any]) -> Any:

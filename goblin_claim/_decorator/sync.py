@@ -5,7 +5,8 @@ Of the two flavours the asyncio one is written, the sync one generated from it (
 Every decision lives in ``plan._Spec``::
 
     acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
-       │                                                 └─ raised: release (or store a replayable error)
+       │                                                 ├─ raised: release (or store a replayable error)
+       │                                                 └─ claim lost: stopped, ClaimLostError, nothing stored
        ├─Completed──► decode: value, stored error, or PayloadMismatchError
        └─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
 
@@ -13,6 +14,10 @@ Interrupted anywhere (a task's cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
 and once the function has returned its result is stored before the interruption
 goes on (``to_the_end``).
+
+While the function runs, ``current_claim()`` names its handle. Under a keep-alive a
+coroutine function is cancelled when the claim is lost (``until_lost``), and its caller
+gets ``ClaimLostError``; a plain function asks, with ``current_claim().ensure_held()``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _events
 from .._clients.transport import to_the_end
+from .._drivers._sync_primitives import until_lost
 from .._drivers.sync import Claim, write_through
 from .._errors import (
     ClaimLostError,
@@ -33,6 +39,7 @@ from .._errors import (
 )
 from .._handle import Stored
 from .._outcomes import Completed, InFlight
+from .current import CURRENT
 
 if TYPE_CHECKING:
     from .._drivers.keepalive import KeepAlive
@@ -91,11 +98,19 @@ def _flow(
                 # The function has not run: nothing to store, and the claim goes back.
                 _release_quietly(claim)
                 raise
+        running = CURRENT.set(claim)  # current_claim(), while the function runs
         try:
-            result = spec.func(*args, **kwargs)
+            result = until_lost(keeper, spec.func(*args, **kwargs))
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease
+            CURRENT.reset(running)
             if keeper is not None:
                 keeper._end()
+            if isinstance(exc, ClaimLostError) and _lost(claim):
+                # Stopped by the loss (cancelled, or its own ensure_held() raised): the claim
+                # is not this call's to store under or to give back.
+                if op is not None:
+                    op.settle("lease_lost")
+                raise
             if op is not None:  # the function's own error: the call ran (and stored it) or gave the claim back
                 op.settle((op.outcome or "claimed") if isinstance(exc, spec.replay_errors) else "released")
             if isinstance(exc, spec.replay_errors):
@@ -103,11 +118,21 @@ def _flow(
             else:
                 _release_quietly(claim)
             raise
+        CURRENT.reset(running)
         # The function has returned: from here an interruption waits for the store.
         return to_the_end(_finish(spec, claim, call, result, keeper))
     finally:
         if keeper is not None:
             keeper._end()
+
+
+def _lost(claim: Claim) -> bool:
+    """Whether the handle knows its claim is lost, as ``ensure_held()`` tells it (no round trip)."""
+    try:
+        claim.ensure_held()
+    except ClaimLostError:
+        return True
+    return False
 
 
 def _finish(spec: _Spec, claim: Claim, call: _Call, result: Any, keeper: KeepAlive | None) -> Any:

@@ -1,7 +1,7 @@
 """The job doors in process, on fakeredis: Celery eagerly, Dramatiq on its StubBroker, arq's function as arq calls it.
 
-Their option checks, a task that fails for good under enqueue_once, and the in-flight
-retry of an arq job without a job id.
+Their option checks, a task that fails for good under enqueue_once, the in-flight
+retry of an arq job without a job id, and an arq job cancelled when its claim is lost.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from goblin_claim import AsyncClaim, Claim, Claimed, InvalidArgumentError, InvalidArgumentTypeError
+from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, InvalidArgumentError, InvalidArgumentTypeError
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique
 
@@ -174,6 +174,41 @@ def test_arq_job_in_flight_without_a_job_id_asks_arq_to_retry_later() -> None:
             await charge({"redis": client}, "evt-5")
         assert 0 < retry.value.defer_score <= 31_000
         assert runs == []
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_arq_job_whose_claim_is_lost_is_cancelled_and_raises_claim_lost() -> None:
+    """The key taken by another token mid-job: the job is cancelled before its side effect; arq gets ClaimLostError."""
+
+    async def scenario() -> None:
+        client = fake_async_redis(native=False)
+        ns = unique("arq-lost")
+        started = asyncio.Event()
+        effects: list[str] = []
+        seen: list[str] = []
+
+        @idempotent_job(key="event_id", namespace=ns, lease=2, wait=0)
+        async def charge(ctx: dict[str, Any], event_id: str) -> str:
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            effects.append(event_id)
+            return event_id
+
+        job = asyncio.ensure_future(charge({"redis": client, "job_id": "j-1", "job_try": 1}, "evt-6"))
+        await asyncio.wait_for(started.wait(), 10)
+        claim_key = AsyncClaim(client, "evt-6", namespace=ns).claim_key
+        await client.set(claim_key, "another-worker", ex=30)  # its lease lapsed and another worker took it
+        with pytest.raises(ClaimLostError, match="was cancelled"):
+            await asyncio.wait_for(job, 10)
+        assert seen == ["cancelled"]
+        assert effects == []
+        assert await client.get(claim_key) == b"another-worker"  # left to its new owner
         await client.aclose()
 
     asyncio.run(scenario())
