@@ -74,13 +74,13 @@ OUTCOMES: Final = frozenset(
         "claim_lost",
         "result_lost",
         "payload_mismatch",
+        "failed_open",  # the server could not be reached, and fail_open ran the work without a claim
         "unstorable",
         "released",
         "not_held",
         "forgotten",
         "not_replicated",
         "unavailable",
-        "failed_open",  # the server could not be reached, and fail_open ran the work without a claim
         "error",  # anything else: the event's error says what
     }
 )
@@ -138,7 +138,8 @@ class Event(NamedTuple):
         path: ``"native"`` or ``"script"``: how the server was asked; ``None`` when unknown.
         duration: Seconds the operation took; ``None`` for notices.
         fence: With ``fencing=True``, the fence of a claim taken.
-        error: The exception the operation raised, or ``None``.
+        error: The exception the operation raised, or ``None``; for ``failed_open``, the
+            one that made it fail open (the work's own error goes to its caller).
     """
 
     operation: str
