@@ -23,6 +23,7 @@ byte, with ``Idempotent-Replayed: true``::
        ├─Completed──► same fingerprint: replay; other: 422; marked unstored: 422; abandoned: 422
        ├─InFlight───► other fingerprint: 422; wait=0: 409; else wait for it
        └─Redis fails► 503 with Retry-After: the app never runs unguarded
+                      (unreachable with fail_open=True: the app runs, its response passed through, not kept)
 
 Cancellation is part of the contract: a claim whose round trip was cancelled is
 released (its reply may have been lost after the server acted), and a store,
@@ -183,6 +184,12 @@ class IdempotencyMiddleware:
             the query string), ``"bytes"``, ``"json"``, ``"form"``, ``"multipart"``,
             or a function of the ASGI scope returning ``str`` or ``bytes``.
         namespace: Prefix of every Redis key the middleware writes; no braces.
+        fail_open: When the claim cannot reach Redis (refused, timed out, or a server
+            that cannot take it: ``LOADING``, ``READONLY``...), run the app anyway and
+            pass its response through, not kept, instead of answering 503; logged at
+            WARNING and counted (a ``failed_open`` event). At-least-once while Redis
+            is unreachable, so only for requests harmless to repeat. A Redis that
+            answers always decides: replays, 409, 422 as ever.
 
     Example::
 
@@ -227,6 +234,7 @@ class IdempotencyMiddleware:
         routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = DEFAULTS.routes,
         replicas: int = DEFAULTS.replicas,
         replica_timeout_ms: int = DEFAULTS.replica_timeout_ms,
+        fail_open: bool = DEFAULTS.fail_open,
     ) -> None:
         self.app = app
         # The defaults above are DoorOptions' (tests/http/test_door_options.py holds the two together).
@@ -235,7 +243,7 @@ class IdempotencyMiddleware:
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
             stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
-            routes=routes, replicas=replicas, replica_timeout_ms=replica_timeout_ms,
+            routes=routes, replicas=replicas, replica_timeout_ms=replica_timeout_ms, fail_open=fail_open,
         ).checked()  # fmt: skip
         self._door = AsyncDoor(client, options, "goblin_claim.asgi.IdempotencyMiddleware")
         self.required = options.required
@@ -304,6 +312,9 @@ class IdempotencyMiddleware:
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
             await _send_answer(send, opened, self.options.problem_docs)
+            return
+        if opened is not None:  # fail_open, Redis unreachable: the app runs unclaimed, its response passes through
+            await self.app(scope, receive, send)
             return
         keeper = claim.keep_alive()
         exchange = _Exchange(self, claim, fp, receive, send, keeper)

@@ -139,11 +139,14 @@ class Idempotency:
         except BaseException as exc:
             op.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        if opened is not None:
+        if isinstance(opened, Answer):
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
             op.__exit__(None, None, None)
             return _response(opened, options.problem_docs)
+        if opened is not None:  # fail_open, Redis unreachable: the view runs unclaimed, its response passes through
+            op.__exit__(None, None, None)
+            return None
         keep = claim.keep_alive()
         keep.__enter__()
         setattr(g, _STATE, (claim, fp, keep, options, op))

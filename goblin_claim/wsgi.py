@@ -59,7 +59,7 @@ class IdempotencyMiddleware:
         **options: The ASGI middleware's options (``required``, ``routes``, ``methods``,
             ``header``, ``lease``, ``ttl``, ``wait``, ``scope``, ``shared_scope``,
             ``max_body_bytes``, ``max_response_bytes``, ``replay_headers``,
-            ``release_statuses``, ``fingerprint``, ``namespace``); ``scope``, a ``routes``
+            ``release_statuses``, ``fingerprint``, ``namespace``, ``fail_open``); ``scope``, a ``routes``
             function and a ``fingerprint`` function receive the WSGI environ, ``routes``
             patterns match ``SCRIPT_NAME + PATH_INFO``.
 
@@ -111,6 +111,8 @@ class IdempotencyMiddleware:
                 if opened.code == "key-reused":
                     op.note("payload_mismatch")
                 return _send(start_response, opened, options.problem_docs)
+            if opened is not None:  # fail_open, Redis unreachable: the app runs unclaimed, its response passes through
+                return self.app(environ, start_response)
             return _Run(self, claim, fp).run(environ, start_response)
 
 

@@ -7,7 +7,8 @@ Every decision lives in ``plan._Spec``::
        │                                                 ├─ raised: release (or store a replayable error)
        │                                                 └─ claim lost: stopped, ClaimLostError, nothing stored
        ├─Completed──► decode: value, stored error, or PayloadMismatchError
-       └─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
+       ├─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
+       └─unreachable► ConnectionFailedError; with fail_open: run unclaimed, nothing stored
 
 Interrupted anywhere (a task's cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
@@ -69,8 +70,13 @@ async def _flow(
     keeper: AsyncKeepAlive | None = None
     try:
         try:
-            # Unobserved, a completed record comes back bare: its value, no Completed to build.
-            outcome = await claim._acquire(None, op is None)
+            try:
+                # Unobserved, a completed record comes back bare: its value, no Completed to build.
+                outcome = await claim._acquire(None, op is None)
+            except ConnectionFailedError as exc:  # ServerUnavailableError included
+                if not spec.fail_open:
+                    raise
+                return await _unclaimed(spec, args, kwargs, claim, op, exc)
             if op is not None:
                 op.note(outcome)
             if isinstance(outcome, InFlight):
@@ -132,6 +138,25 @@ def _lost(claim: AsyncClaim) -> bool:
     except ClaimLostError:
         return True
     return False
+
+
+async def _unclaimed(
+    spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any], claim: AsyncClaim, op: _events.Op | None,
+    unreachable: ConnectionFailedError,
+) -> Any:  # fmt: skip
+    """Run the function without a claim: the claim could not reach the server, and ``fail_open`` asks for the work.
+
+    Only the claim's own round trip comes here: a server that answered (a stored
+    result, work in flight) always decides, and a wait cut off from the server
+    raises, as someone holds the key. The result goes to the caller and is not
+    stored, as there is no claim to store it under. A claim whose reply was lost
+    may have landed: nothing sends a release to the server just found out of
+    reach, so it frees itself when its lease lapses. It runs inside the handler of
+    ``unreachable``, so that no success path pays for it: an error it raises names
+    ``unreachable`` as its context.
+    """
+    _events.failed_open(_events.CALL_LOG, "call", claim, unreachable, op)
+    return await spec.func(*args, **kwargs)
 
 
 async def _finish(spec: _Spec, claim: AsyncClaim, call: _Call, result: Any, keeper: AsyncKeepAlive | None) -> Any:

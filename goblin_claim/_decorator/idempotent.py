@@ -51,6 +51,7 @@ def idempotent(
     native: NativeMode = "auto",
     replicas: int = REPLICAS,
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS,
+    fail_open: bool = False,
 ) -> Decorator:
     """Run the decorated function once per key; every duplicate gets an equal result.
 
@@ -89,6 +90,14 @@ def idempotent(
         replicas: As for ``Claim``: wait for this many replicas to acknowledge the
             claim and the stored result (``NotReplicatedError`` otherwise).
         replica_timeout_ms: How long to wait for them.
+        fail_open: Run the function anyway when the claim's round trip cannot reach
+            the server (``ConnectionFailedError``, ``ServerUnavailableError`` included):
+            its result is returned and not stored, and the guarantee becomes
+            at-least-once while the server is unreachable. Each such run is logged at
+            WARNING and ends in a ``failed_open`` event. A server that answers always
+            wins: a stored result is replayed, work in flight is waited for. Off by
+            default: for work that is harmless to repeat (a cache warm-up, a
+            notification deduplicated downstream), never for payments.
 
     Example::
 
@@ -110,7 +119,7 @@ def idempotent(
     def decorate(func: Callable[..., Any]) -> Any:
         spec = _Spec(
             func, client, key, lease, ttl, wait, namespace, fingerprint, replay_errors, keep_alive, native,
-            replicas, replica_timeout_ms,
+            replicas, replica_timeout_ms, fail_open,
         )  # fmt: skip
         if spec.is_async:
 

@@ -97,6 +97,7 @@ class _Spec:
         native: NativeMode,
         replicas: int,
         replica_timeout_ms: int,
+        fail_open: bool,
     ) -> None:
         if not callable(func):
             raise InvalidArgumentTypeError(f"@idempotent decorates a function, not {describe(func)}")
@@ -124,6 +125,10 @@ class _Spec:
         self.keep_alive = keep_alive
         self.native = check_native(native)
         self.replicas, self.replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+        if type(fail_open) is not bool:
+            raise InvalidArgumentTypeError(f"fail_open must be True or False, not {describe(fail_open)}")
+        # Read only where the claim's round trip failed to reach the server: no success path tests it.
+        self.fail_open = fail_open
         self.codec: Codec[Any] = Codec(_return_type(target, self.name))
 
     def _read_signature(self, func: Callable[..., Any]) -> None:

@@ -11,7 +11,7 @@ import functools
 import logging
 from typing import Any, Literal
 
-from .. import _http
+from .. import _events, _http
 from .._clients.kinds import FACTORY, LazyClient, check_client
 from .._clients.transport import to_the_end
 from .._errors import (
@@ -55,14 +55,25 @@ class SyncDoor:
 
 def open_claim(
     options: Options, claim: Claim, fp: str, accept_encoding: bytes | None = None
-) -> Answer | None:
+) -> Answer | ConnectionFailedError | None:
     """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem).
+
+    With ``fail_open``, a claim that could not reach the server gives its
+    ``ConnectionFailedError`` back instead of a 503: the request runs without a claim
+    (logged, and the observed request comes to ``failed_open``). A wait that loses
+    the server after ``InFlight`` does not: someone holds the key.
 
     A claim whose round trip was cut short (``CANCELLED``) is given back before the
     interruption goes on.
     """
     try:
-        outcome = claim.acquire()
+        try:
+            outcome = claim.acquire()
+        except ConnectionFailedError as exc:  # ServerUnavailableError included
+            if not options.fail_open:
+                raise
+            _events.failed_open(logger, "request", claim, exc, _events.current_request())
+            return exc
         if isinstance(outcome, InFlight):
             answer = _http.in_flight(options, claim._holder, fp)
             if answer is not None:

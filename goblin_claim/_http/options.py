@@ -92,6 +92,7 @@ class Options:
     routes: tuple[tuple[re.Pattern[str], KeyRule], ...] | Callable[[Any], object] = ()
     replicas: int = REPLICAS
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS
+    fail_open: bool = False
 
     @property
     def header_name(self) -> bytes:
@@ -142,6 +143,8 @@ class DoorOptions:
     # The failover recipe's client side: a claim and its stored answer acknowledged by replicas (WAIT).
     replicas: int = REPLICAS
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS
+    # Run the app unclaimed when the claim cannot reach the server (at-least-once while it cannot).
+    fail_open: bool = False
 
     def over(self, given: Mapping[str, Any]) -> DoorOptions:
         """These options with ``given`` (by name) over them; an unknown name raises ``InvalidArgumentTypeError``."""
@@ -154,7 +157,7 @@ class DoorOptions:
 
     def checked(self) -> Options:
         """Validate the options (every bad one raises a ``GoblinClaimError`` subclass)."""
-        for name in ("required", "shared_scope"):
+        for name in ("required", "shared_scope", "fail_open"):
             if type(getattr(self, name)) is not bool:
                 raise InvalidArgumentTypeError(f"{name} must be True or False, not {describe(getattr(self, name))}")
         header = self.header
@@ -188,6 +191,7 @@ class DoorOptions:
             routes=_check_routes(self.routes),
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
+            fail_open=self.fail_open,
         )
 
 

@@ -274,3 +274,21 @@ def test_an_exception_releases_the_claim_so_autoretry_runs(app: Any, worker: Cal
     assert int(data.get("attempts:evt-r")) == 2
     assert app.flaky.delay("evt-r").get(timeout=20) == 2  # done: a duplicate replays, nothing runs
     assert int(data.get("attempts:evt-r")) == 2
+
+
+def test_with_fail_open_each_delivery_runs_once_while_the_claims_redis_is_out_of_reach(
+    app: Any, out_of_reach: str, worker: Callable[..., Worker]
+) -> None:
+    """The claims' Redis out of reach (the broker up): fail_open: each delivery runs once, SUCCESS; else FAILURE."""
+    running = worker()
+    data = app.data()
+    sent = [app.charge_open.delay("evt-open", 5) for _ in range(2)]
+    results = [result.get(timeout=40) for result in sent]
+    assert sorted(result["charge_number"] for result in results) == [1, 2]  # at-least-once: once per delivery
+    assert charges(data, "evt-open") == 2
+    refused = app.charge_closed.delay("evt-closed", 5)
+    refused.get(timeout=40, propagate=False)
+    assert refused.state == "FAILURE"
+    assert "ConnectionFailedError" in str(refused.traceback)
+    assert charges(data, "evt-closed") == 0
+    running.wait_for_log("fail_open runs the work without one")

@@ -186,3 +186,21 @@ def test_called_outside_a_worker_in_flight_raises(data: redis.Redis) -> None:
         charge("evt-d", 1)
     assert caught.value.retry_after is not None
     assert charges(data, "evt-d") == 0
+
+
+def test_with_fail_open_each_delivery_runs_once_while_the_claims_redis_is_out_of_reach(
+    queue: Queue, data: redis.Redis, out_of_reach: str, worker: Callable[..., Worker]
+) -> None:
+    """The claims' Redis out of reach (the broker up): fail_open: each delivery runs once, FINISHED; else FAILED."""
+    from tests.support.apps.jobs.rq_jobs import charge_closed, charge_open
+
+    running = worker()
+    sent = [queue.enqueue(charge_open, "evt-open", 5) for _ in range(2)]
+    results = [_finish(job) for job in sent]
+    assert sorted(result["charge_number"] for result in results) == [1, 2]  # at-least-once: once per delivery
+    assert charges(data, "evt-open") == 2
+    refused = queue.enqueue(charge_closed, "evt-closed", 5)
+    wait_until(lambda: refused.get_status(refresh=True) == JobStatus.FAILED, 40, "the refused job to fail")
+    assert "ConnectionFailedError" in str(refused.latest_result().exc_string)  # type: ignore[union-attr]
+    assert charges(data, "evt-closed") == 0
+    running.wait_for_log("fail_open runs the work without one")

@@ -5,7 +5,8 @@ or ``gate`` to wait until the test sets ``gate:<id>``; taken once with GETDEL so
 first run pauses) and reads back ``charges:<id>``
 (how many times the side effect ran), ``pids:<id>`` (the processes that ran the job) and
 ``returned:<id>`` (when each run returned, Unix time). ``mark`` records when a queue's
-job copy started or finished, by its queue's id, for the latency figures.
+job copy started or finished, by its queue's id, for the latency figures. The fail-open
+jobs claim through ``unreachable()``, a Redis nobody listens at, while the broker is up.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import time
 
 import redis
+import redis.asyncio
 from pydantic import BaseModel
 
 LEASE = int(os.environ.get("GC_JOBS_LEASE", "3"))
@@ -35,6 +37,16 @@ class Receipt(BaseModel):
 def data() -> redis.Redis:
     """The test's Redis (the same server as the broker)."""
     return redis.Redis.from_url(url())
+
+
+def unreachable() -> redis.Redis:
+    """A client of a Redis out of reach (``GC_JOBS_UNREACHABLE_URL``: nothing listens there), for the fail-open jobs."""
+    return redis.Redis.from_url(os.environ["GC_JOBS_UNREACHABLE_URL"], socket_connect_timeout=1, retry=None)
+
+
+def unreachable_async() -> redis.asyncio.Redis:
+    """The asyncio twin of ``unreachable`` (arq's jobs)."""
+    return redis.asyncio.Redis.from_url(os.environ["GC_JOBS_UNREACHABLE_URL"], socket_connect_timeout=1, retry=None)
 
 
 def _pause(client: redis.Redis, name: str, event_id: str) -> None:
