@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -70,6 +71,19 @@ class _DefaultFingerprint:
 
 ALL_ARGUMENTS: Any = _DefaultFingerprint()
 
+# The handle of the running call of a function decorated with checkpoints=True, set while
+# the function runs (its task or thread alone): what the work checkpoints through.
+RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("goblin_claim_running_claim", default=None)
+
+
+def current_claim() -> Any:
+    """The ``Claim`` (``AsyncClaim``) of the innermost running ``@idempotent(checkpoints=True)`` call; else ``None``.
+
+    Its work saves progress with ``current_claim().checkpoint(value)`` and resumes
+    from ``current_claim().last_checkpoint``.
+    """
+    return RUNNING.get()
+
 
 class _Call(NamedTuple):
     """One invocation: its key, fingerprint and the token that carries the fingerprint."""
@@ -97,6 +111,8 @@ class _Spec:
         native: NativeMode,
         replicas: int,
         replica_timeout_ms: int,
+        at_most_once: bool,
+        checkpoints: bool,
     ) -> None:
         if not callable(func):
             raise InvalidArgumentTypeError(f"@idempotent decorates a function, not {describe(func)}")
@@ -124,6 +140,11 @@ class _Spec:
         self.keep_alive = keep_alive
         self.native = check_native(native)
         self.replicas, self.replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+        for name, flag in (("at_most_once", at_most_once), ("checkpoints", checkpoints)):
+            if type(flag) is not bool:
+                raise InvalidArgumentTypeError(f"{name} must be True or False, not {describe(flag)}")
+        self.at_most_once = at_most_once
+        self.checkpoints = checkpoints
         self.codec: Codec[Any] = Codec(_return_type(target, self.name))
 
     def _read_signature(self, func: Callable[..., Any]) -> None:
@@ -250,7 +271,7 @@ class _Spec:
         """The ``Claim`` or ``AsyncClaim`` of one call, from settings checked at decoration."""
         return kind._checked(
             self.client, call.key, self.namespace, call.token or new_token(), self.lease, self.ttl, self.native,
-            self.replicas, self.replica_timeout_ms,
+            self.replicas, self.replica_timeout_ms, self.at_most_once, self.checkpoints,
         )  # fmt: skip
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -5,14 +5,17 @@ Of the two flavours the asyncio one is written, the sync one generated from it (
 Every decision lives in ``plan._Spec``::
 
     acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
-       │                                                 └─ raised: release (or store a replayable error)
+       │                                                 └─ raised: release (or store a replayable error);
+       │                                                    at_most_once and stopped from outside: kept
        ├─Completed──► decode: value, stored error, or PayloadMismatchError
        └─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
 
 Interrupted anywhere (a task's cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
 and once the function has returned its result is stored before the interruption
-goes on (``to_the_end``).
+goes on (``to_the_end``). Under ``at_most_once`` a function stopped mid-work keeps
+its attempt instead (what it did is unknown): the key reads as interrupted once its
+lease ends.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .._errors import (
 )
 from .._handle import Stored
 from .._outcomes import Completed, InFlight
+from .plan import RUNNING
 
 if TYPE_CHECKING:
     from .._drivers.keepalive import KeepAlive
@@ -92,10 +96,18 @@ def _flow(
                 _release_quietly(claim)
                 raise
         try:
-            result = spec.func(*args, **kwargs)
+            # With checkpoints the work reaches its handle (current_claim()); else nothing more is paid.
+            work = _checkpointed(spec, args, kwargs, claim) if spec.checkpoints else spec.func(*args, **kwargs)
+            result = work
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease
             if keeper is not None:
                 keeper._end()
+            if spec.at_most_once and not isinstance(exc, Exception):
+                # Stopped from outside mid-work (a cancellation, SystemExit, KeyboardInterrupt): what it
+                # did is unknown, so its attempt stands, and reads as interrupted once its lease ends.
+                if op is not None:
+                    op.settle("interrupted")
+                raise
             if op is not None:  # the function's own error: the call ran (and stored it) or gave the claim back
                 op.settle((op.outcome or "claimed") if isinstance(exc, spec.replay_errors) else "released")
             if isinstance(exc, spec.replay_errors):
@@ -108,6 +120,15 @@ def _flow(
     finally:
         if keeper is not None:
             keeper._end()
+
+
+def _checkpointed(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any], claim: Claim) -> Any:
+    """Run the function with its handle reachable (``current_claim()``), to checkpoint through."""
+    running = RUNNING.set(claim)
+    try:
+        return spec.func(*args, **kwargs)
+    finally:
+        RUNNING.reset(running)
 
 
 def _finish(spec: _Spec, claim: Claim, call: _Call, result: Any, keeper: KeepAlive | None) -> Any:
