@@ -30,7 +30,8 @@ from tests.support.servers import RedisProcess
 if not IN_CI:
     pytest.importorskip("celery")
 
-from goblin_claim import Claim, Completed, StillInFlightError
+from goblin_claim import Claim, Completed, InterruptedWorkError, StillInFlightError
+from goblin_claim._events import key_digest
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -274,3 +275,37 @@ def test_an_exception_releases_the_claim_so_autoretry_runs(app: Any, worker: Cal
     assert int(data.get("attempts:evt-r")) == 2
     assert app.flaky.delay("evt-r").get(timeout=20) == 2  # done: a duplicate replays, nothing runs
     assert int(data.get("attempts:evt-r")) == 2
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_at_most_once_a_killed_task_is_acked_on_redelivery_and_never_rerun(
+    app: Any, worker: Callable[..., Worker], where: str
+) -> None:
+    """A pool child SIGKILLed before/after the charge: the redelivery finds the attempt interrupted and acks it.
+
+    The message comes back at once (reject_on_worker_lost), waits out the dead owner's lease, and
+    ends SUCCESS with None without running the task; the worker logs it at WARNING by key digest.
+    """
+    running = worker()
+    data = app.data()
+    event = f"evt-amo-{where}"
+    data.set(f"pause:{where}:{event}", 30)
+    sent = app.charge_at_most_once.delay(event, 800)
+    states = States(app.app, [sent.id])
+    pid = first_pid(data, event)
+    if where == "after":
+        wait_until(lambda: charges(data, event) == 1, 20, "the side effect")
+    os.kill(pid, signal.SIGKILL)
+    assert sent.get(timeout=40) is None
+    seen = states.stop()
+    assert charges(data, event) == (1 if where == "after" else 0)
+    assert data.llen(f"pids:{event}") == 1  # the redelivery never ran the task
+    assert "FAILURE" not in seen
+    digest = key_digest(event)
+    wait_until(lambda: f"key {digest} of jobs.charge_at_most_once" in running.text(), 10, "the WARNING line")
+    line = next(line for line in running.text().splitlines() if f"key {digest} of" in line)
+    assert "WARNING" in line
+    assert "acked without running the work" in line
+    assert event not in line  # the key as its digest, never as it is
+    with pytest.raises(InterruptedWorkError):
+        app.charge_at_most_once("evt-amo-" + where, 800)  # called directly: the caller is told
