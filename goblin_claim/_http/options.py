@@ -92,6 +92,8 @@ class Options:
     routes: tuple[tuple[re.Pattern[str], KeyRule], ...] | Callable[[Any], object] = ()
     replicas: int = REPLICAS
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS
+    at_most_once: bool = False
+    expose_holder: bool = False
 
     @property
     def header_name(self) -> bytes:
@@ -142,6 +144,10 @@ class DoorOptions:
     # The failover recipe's client side: a claim and its stored answer acknowledged by replicas (WAIT).
     replicas: int = REPLICAS
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS
+    # A request that began is never run again, even after its worker was killed: an interrupted key is answered 409.
+    at_most_once: bool = False
+    # The holder's token in a 409's problem details (in flight, interrupted): off, as a token may name a worker.
+    expose_holder: bool = False
 
     def over(self, given: Mapping[str, Any]) -> DoorOptions:
         """These options with ``given`` (by name) over them; an unknown name raises ``InvalidArgumentTypeError``."""
@@ -154,7 +160,7 @@ class DoorOptions:
 
     def checked(self) -> Options:
         """Validate the options (every bad one raises a ``GoblinClaimError`` subclass)."""
-        for name in ("required", "shared_scope"):
+        for name in ("required", "shared_scope", "at_most_once", "expose_holder"):
             if type(getattr(self, name)) is not bool:
                 raise InvalidArgumentTypeError(f"{name} must be True or False, not {describe(getattr(self, name))}")
         header = self.header
@@ -188,6 +194,8 @@ class DoorOptions:
             routes=_check_routes(self.routes),
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
+            at_most_once=self.at_most_once,
+            expose_holder=self.expose_holder,
         )
 
 
