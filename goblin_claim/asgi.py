@@ -22,6 +22,7 @@ byte, with ``Idempotent-Replayed: true``::
        │                  └─ too large or streamed (stream_types, trailers, files) ─► passed through, marked unstored
        ├─Completed──► same fingerprint: replay; other: 422; marked unstored: 422; abandoned: 422
        ├─InFlight───► other fingerprint: 422; wait=0: 409; else wait for it
+       ├─interrupted► (at_most_once) 409 interrupted, no Retry-After: never run again
        └─Redis fails► 503 with Retry-After: the app never runs unguarded
                       (unreachable with fail_open=True: the app runs, its response passed through, not kept)
 
@@ -175,7 +176,7 @@ class IdempotencyMiddleware:
             otherwise share keys between users); ``True`` makes it a shared space.
         problem_docs: A URL documenting the problem answers: each answer's ``type``
             is then ``<problem_docs>#<code>`` (``key-missing``, ``key-invalid``,
-            ``key-reused``, ``in-flight``, ``abandoned``, ``not-kept``, ``no-owner``,
+            ``key-reused``, ``in-flight``, ``interrupted``, ``abandoned``, ``not-kept``, ``no-owner``,
             ``body-too-large``, ``store-unavailable``, ``claim-lost``, ``result-lost``,
             ``result-unreadable``) instead of ``about:blank``.
         fingerprint: What makes two requests with one key "the same request":
@@ -190,6 +191,16 @@ class IdempotencyMiddleware:
             WARNING and counted (a ``failed_open`` event). At-least-once while Redis
             is unreachable, so only for requests harmless to repeat. A Redis that
             answers always decides: replays, 409, 422 as ever.
+        at_most_once: Never run a request again once the app began it, even when its
+            worker is killed before it answers (``SIGKILL``, an OOM kill, a lost host): once
+            that attempt's lease ends, every request with its key is answered ``409``
+            ``interrupted`` (no ``Retry-After``: retrying will not help) until ``ttl`` ends
+            or an operator forgets the key. A duplicate while it runs is answered ``409``
+            ``in-flight`` as before. A response not kept (a 5xx, a retry status) or an
+            exception the app raised still gives the key back.
+        expose_holder: Put the holder's token in the ``holder`` member of a ``409``'s problem
+            details (in flight and interrupted), to match with ``goblin-claim inspect``; off
+            by default, as a token may name a worker or a request.
 
     Example::
 
@@ -235,6 +246,8 @@ class IdempotencyMiddleware:
         replicas: int = DEFAULTS.replicas,
         replica_timeout_ms: int = DEFAULTS.replica_timeout_ms,
         fail_open: bool = DEFAULTS.fail_open,
+        at_most_once: bool = DEFAULTS.at_most_once,
+        expose_holder: bool = DEFAULTS.expose_holder,
     ) -> None:
         self.app = app
         # The defaults above are DoorOptions' (tests/http/test_door_options.py holds the two together).
@@ -244,6 +257,7 @@ class IdempotencyMiddleware:
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
             stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
             routes=routes, replicas=replicas, replica_timeout_ms=replica_timeout_ms, fail_open=fail_open,
+            at_most_once=at_most_once, expose_holder=expose_holder,
         ).checked()  # fmt: skip
         self._door = AsyncDoor(client, options, "goblin_claim.asgi.IdempotencyMiddleware")
         self.required = options.required

@@ -21,7 +21,8 @@ shared core's and the stored envelopes are the other doors', so a Flask service
 and an ASGI one over one Redis replay each other's answers.
 
 Not guaranteed: as for any WSGI app (``goblin_claim.wsgi``), a worker killed by
-SIGKILL leaves its claim to lapse after ``lease``, and a retry then runs again.
+SIGKILL leaves its claim to lapse after ``lease``, and a retry then runs again
+(with ``at_most_once=True`` it does not: the key is answered ``409`` ``interrupted``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Of the two flavours the asyncio one is written, the sync one generated from it (
 Every decision lives in ``plan._Spec``::
 
     acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
-       │                                                 ├─ raised: release (or store a replayable error)
+       │                                                 ├─ raised: release (or store a replayable error);
+       │                                                 │  at_most_once and stopped from outside: kept
        │                                                 └─ claim lost: stopped, ClaimLostError, nothing stored
        ├─Completed──► decode: value, stored error, or PayloadMismatchError
        ├─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
@@ -14,7 +15,9 @@ Every decision lives in ``plan._Spec``::
 Interrupted anywhere (a task's cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
 and once the function has returned its result is stored before the interruption
-goes on (``to_the_end``).
+goes on (``to_the_end``). Under ``at_most_once`` a function stopped mid-work keeps
+its attempt instead (what it did is unknown): the key reads as interrupted once its
+lease ends.
 
 While the function runs, ``current_claim()`` names its handle. Under a keep-alive a
 coroutine function is cancelled when the claim is lost (``until_lost``), and its caller
@@ -116,6 +119,12 @@ def _flow(
                 # is not this call's to store under or to give back.
                 if op is not None:
                     op.settle("lease_lost")
+                raise
+            if spec.at_most_once and not isinstance(exc, Exception):
+                # Stopped from outside mid-work (a cancellation, SystemExit, KeyboardInterrupt): what it
+                # did is unknown, so its attempt stands, and reads as interrupted once its lease ends.
+                if op is not None:
+                    op.settle("interrupted")
                 raise
             if op is not None:  # the function's own error: the call ran (and stored it) or gave the claim back
                 op.settle((op.outcome or "claimed") if isinstance(exc, spec.replay_errors) else "released")

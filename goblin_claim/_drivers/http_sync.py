@@ -18,6 +18,7 @@ from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
+    InterruptedWorkError,
     NotReplicatedError,
     ResultLostError,
     StillInFlightError,
@@ -46,7 +47,7 @@ class SyncDoor:
         return Claim(
             self._client.get(), _http.claim_name(method, path, owner, key), lease=o.lease, ttl=o.ttl,
             namespace=o.namespace, token=_http.claim_token(fp), replicas=o.replicas,
-            replica_timeout_ms=o.replica_timeout_ms,
+            replica_timeout_ms=o.replica_timeout_ms, at_most_once=o.at_most_once,
         )  # fmt: skip
 
 
@@ -79,8 +80,11 @@ def open_claim(
             if answer is not None:
                 return answer
             outcome = claim.wait(timeout=options.wait)
-    except StillInFlightError:
-        return _http.problem(409, f"{_http.IN_FLIGHT} (waited {options.wait:g}s)", retry=True)
+    except StillInFlightError as exc:
+        return _http.still_in_flight(options, exc.holder)
+    except InterruptedWorkError as exc:
+        # At most once: the attempt that began ended without a response; nothing runs it again (no Retry-After).
+        return _http.interrupted(options, exc.holder, exc.claimed_at.isoformat(timespec="milliseconds"))
     except ResultLostError:
         return _http.problem(500, _http.RESULT_LOST, code="result-lost")
     except NotReplicatedError:

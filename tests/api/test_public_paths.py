@@ -53,11 +53,15 @@ PUBLIC: dict[str, tuple[str, ...]] = {
 
 # The loggers users configure, by name (one per concern; the HTTP doors' by door).
 LOGGERS = {
+    "goblin_claim.arq",
     "goblin_claim.asgi",
+    "goblin_claim.celery",
     "goblin_claim.claim",
+    "goblin_claim.dramatiq",
     "goblin_claim.events",
     "goblin_claim.idempotent",
     "goblin_claim.keepalive",
+    "goblin_claim.rq",
     "goblin_claim.server",
     "goblin_claim.wakeup",
     "goblin_claim.wsgi",

@@ -73,6 +73,17 @@ def charge_closed(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
     return charge_card(event_id, amount)
 
 
+@app.task(
+    base=IdempotentTask,
+    bind=True,
+    name="jobs.charge_at_most_once",
+    idempotency={"client": data, "key": "event_id", "lease": LEASE, "ttl": 600, "at_most_once": True},
+)
+def charge_at_most_once(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
+    """Charge at most once per event id: never again after an attempt that ended without a result."""
+    return charge_card(event_id, amount)
+
+
 @task_prerun.connect
 def _started(task_id: str, **_: Any) -> None:
     mark("started", task_id)

@@ -18,6 +18,8 @@ import redis
 import redis.asyncio
 from pydantic import BaseModel
 
+from goblin_claim import current_claim
+
 LEASE = int(os.environ.get("GC_JOBS_LEASE", "3"))
 
 
@@ -68,6 +70,23 @@ def charge_card(event_id: str, amount: int) -> Receipt:
     _pause(client, f"pause:after:{event_id}", event_id)
     client.rpush(f"returned:{event_id}", time.time())
     return Receipt(event_id=event_id, amount=amount, charge_number=number)
+
+
+def checkpointed_steps(event_id: str, steps: int = 4) -> dict[str, object]:
+    """Steps, each counted (``step:<id>:<n>``) then checkpointed; resumed after the last checkpoint.
+
+    ``pause:step<n>:<id>`` pauses the first run after step n's checkpoint (the test kills it there).
+    """
+    claim = current_claim()
+    saved = claim.last_checkpoint
+    resumed = None if saved is None else int(saved)
+    client = data()
+    client.rpush(f"pids:{event_id}", os.getpid())
+    for step in range(1 if resumed is None else resumed + 1, steps + 1):
+        client.incr(f"step:{event_id}:{step}")
+        claim.checkpoint(str(step))
+        _pause(client, f"pause:step{step}:{event_id}", event_id)
+    return {"event_id": event_id, "resumed_after": resumed}
 
 
 _marks: list[redis.Redis] = []
