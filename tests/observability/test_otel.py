@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from functools import partial
 from collections.abc import Iterator
 
 import pytest
@@ -155,15 +156,26 @@ def test_renewals_of_two_calls_join_their_own_calls(client: redis.Redis, otel: T
     assert len(by_parent) == 2  # each call got its own renewals
 
 
+def _pushed(otel: Telemetry) -> bool:
+    """Whether a wait's span has a wake-up by push (not a poll)."""
+    woken = [e for s in otel.finished("goblin_claim.wait") for e in s.events if e.name == "woken"]
+    return any(e.attributes["goblin_claim.wake"] == "push" for e in woken)  # type: ignore[index]
+
+
 def test_span_events_for_takeover_wakeup_reload_and_lost_lease(client: redis.Redis, otel: Telemetry) -> None:
     """Span events mark a takeover, a push wake-up, a script reload and a lost lease."""
     lapsed, woken = unique(), unique()
     Claim(client, lapsed, lease=1).acquire()
     assert isinstance(Claim(client, lapsed).wait(timeout=10), Claimed)
 
-    owner = Claim(client, woken)
-    owner.acquire()
-    assert isinstance(wait_past_subscription(client, Claim(client, woken), lambda: owner.complete(b"v")), Completed)
+    # A poll may land between the store and its announcement on a loaded machine: up to three waits, one pushed.
+    for attempt in range(3):
+        key = f"{woken}-{attempt}"
+        owner = Claim(client, key)
+        owner.acquire()
+        assert isinstance(wait_past_subscription(client, Claim(client, key), partial(owner.complete, b"v")), Completed)
+        if _pushed(otel):
+            break
 
     client.script_flush()
     Claim(client, unique()).acquire()
@@ -180,8 +192,7 @@ def test_span_events_for_takeover_wakeup_reload_and_lost_lease(client: redis.Red
     assert "woken" in names
     assert "script reloaded" in names
     assert "lease lost" in names
-    woken_events = [e for s in otel.finished("goblin_claim.wait") for e in s.events if e.name == "woken"]
-    assert any(e.attributes["goblin_claim.wake"] == "push" for e in woken_events)  # type: ignore[index]
+    assert _pushed(otel)
     reloads = otel.points("goblin_claim.script_reloads")
     assert sum(p.value for p in reloads) == 1
 
