@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from functools import partial
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 import redis
