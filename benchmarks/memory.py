@@ -12,7 +12,12 @@ Needs the ``peers`` dependency group for the Powertools row (``make bench-peers`
 installs it; without it the row is left out). Starts its own redis-server on a
 free port (``--valkey`` starts the Valkey 9 of ``make valkey-server`` instead).
 
-    python benchmarks/memory.py [--records 20000] [--valkey]
+``--units`` measures what a unit of work adds instead, side by side in one run: a
+plain in-flight record (the token), an at-most-once one (``held <deadline> <claimed>
+<token>``), a completed record, and an in-flight record with a small checkpoint beside
+it; per record ``used_memory`` grown, ``MEMORY USAGE`` of one key, and the value's length.
+
+    python benchmarks/memory.py [--records 20000] [--valkey] [--units]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from tests.support import servers
 
 TTL = 86400
 VALUE = b"x" * 15  # the 15-byte value of the floor and of Claim.complete
+CHECKPOINT = b"step=7"  # a small checkpoint: where the work got to
 BATCH = 500
 
 
@@ -76,6 +82,33 @@ def claim_completed(client: redis.Redis, count: int, fencing: bool = False) -> N
 def claim_in_flight(client: redis.Redis, count: int) -> None:
     for key in ids("inflight", count):
         Claim(client, key, lease=TTL).acquire()
+
+
+def unit_in_flight(client: redis.Redis, count: int, **options: Any) -> None:
+    """In-flight records of ``Claim(..., **options)``: acquire only, a lease as long as the ttl."""
+    for key in ids("unit", count):
+        Claim(client, key, lease=TTL, ttl=TTL, **options).acquire()
+
+
+def held_in_flight(client: redis.Redis, count: int) -> None:
+    """In-flight records of at-most-once claims."""
+    unit_in_flight(client, count, at_most_once=True)
+
+
+def unit_checkpointed(client: redis.Redis, count: int) -> None:
+    """In-flight records of checkpointed claims, each with a checkpoint of a small value beside it."""
+    for key in ids("unit", count):
+        claim = Claim(client, key, lease=TTL, ttl=TTL, checkpoints=True)
+        claim.acquire()
+        claim.checkpoint(CHECKPOINT)
+
+
+def unit_completed(client: redis.Redis, count: int) -> None:
+    """Completed records (15-byte value) of at-most-once claims: the same as any completed record."""
+    for key in ids("unit", count):
+        claim = Claim(client, key, lease=TTL, ttl=TTL, at_most_once=True)
+        claim.acquire()
+        claim.complete(VALUE)
 
 
 def decorated(client: redis.Redis, count: int) -> None:
@@ -125,11 +158,59 @@ def server(valkey: bool) -> Iterator[redis.Redis]:
             client.close()
 
 
+def sample(client: redis.Redis) -> tuple[int, int]:
+    """MEMORY USAGE and STRLEN of one key of the last kind written, summed over its record and checkpoint."""
+    record = build_keys("goblin", next(ids("unit", 1)))[0]
+    usage = length = 0
+    for key in (record, f"{record}:checkpoint"):
+        if client.exists(key):
+            usage += int(client.memory_usage(key, samples=0) or 0)
+            length += int(client.strlen(key))
+    return usage, length
+
+
+def units(client: redis.Redis, records: int, name: str, number: str) -> None:
+    """``--units``: what at_most_once and checkpoints add to a record, side by side."""
+    checkpointed = (
+        f"Claim in flight, checkpoints=True, a {len(CHECKPOINT)}-byte checkpoint: the token, the checkpoint key"
+    )
+    kinds: list[tuple[str, Callable[[redis.Redis, int], None]]] = [
+        ("Claim in flight: the token", unit_in_flight),
+        ("Claim in flight, at_most_once=True: `held <deadline> <claimed> <token>`", held_in_flight),
+        ("Claim completed, at_most_once=True (15-byte value): `done <token> <value>`", unit_completed),
+        (checkpointed, unit_checkpointed),
+    ]
+    for _label, write in kinds:  # the probe, the scripts loaded and the client's buffers, before any counting
+        client.execute_command("FLUSHALL", "SYNC")
+        write(client, 10)
+    rows: list[tuple[str, float, int, int]] = []
+    for label, write in kinds:
+        client.execute_command("FLUSHALL", "SYNC")
+        before = used_memory(client)
+        write(client, records)
+        keys = client.dbsize()
+        rows.append((label, (used_memory(client) - before) / records, *sample(client)))
+        print(f"  measured: {label} ({keys} keys)", file=sys.stderr)
+    plain = rows[0][1]
+    print(f"\nbytes per record, {records} records each, ttl {TTL} s, {name} {number}\n")
+    print("| record | used_memory per record | more than in flight | MEMORY USAGE of one | value bytes |")
+    print("|---|---|---|---|---|")
+    for label, size, usage, length in rows:
+        print(f"| {label} | {size:.0f} | {size - plain:+.0f} | {usage} | {length} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=20000)
     parser.add_argument("--valkey", action="store_true", help="measure on Valkey 9 (make valkey-server)")
+    parser.add_argument("--units", action="store_true", help="what at_most_once and checkpoints add to a record")
     args = parser.parse_args()
+    if args.units:
+        with server(args.valkey) as client:
+            version = client.info("server")
+            name = "Valkey" if "valkey_version" in version else "Redis"
+            units(client, args.records, name, str(version.get("valkey_version") or version["redis_version"]))
+        return
     kinds: list[tuple[str, Callable[[redis.Redis, int], None]]] = [
         ("one SET key value EX (15-byte value): the floor for one key", floor),
         ("goblin Claim acquire + complete (15-byte value)", claim_completed),

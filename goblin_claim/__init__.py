@@ -5,6 +5,7 @@ An atomic claim (``SET claim_key token NX EX lease``, or the native
 else gets the first run's stored result in the same round trip.
 """
 
+from ._decorator.current import current_claim
 from ._decorator.idempotent import idempotent
 from ._drivers.aio import AsyncClaim
 from ._drivers.sync import Claim
@@ -16,6 +17,7 @@ from ._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     NativeUnavailableError,
+    NoCurrentClaimError,
     NotReplicatedError,
     PayloadMismatchError,
     ReplayedError,
@@ -43,6 +45,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "NativeUnavailableError",
+    "NoCurrentClaimError",
     "NotReplicatedError",
     "Outcome",
     "PayloadMismatchError",
@@ -55,6 +58,7 @@ __all__ = [
     "UnreadableResultError",
     "WrongTypeError",
     "add_listener",
+    "current_claim",
     "idempotent",
     "remove_listener",
 ]

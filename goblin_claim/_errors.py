@@ -15,6 +15,7 @@ claim's ``key`` (``None`` only when the key itself was the bad argument)::
     ├── ResultNotSerializableError (also a TypeError) a result pydantic cannot store
     ├── UnreadableResultError     result_key holds something the decorator did not write
     ├── NativeUnavailableError    native="always" on a server without GOBLIN.CLAIM
+    ├── NoCurrentClaimError       (also a LookupError) current_claim() outside an @idempotent call
     └── ServerError               Redis refused or failed a command
         ├── WrongTypeError        a claim or result key holds a non-string value
         ├── ConnectionFailedError the server could not be reached (or timed out)
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "NativeUnavailableError",
+    "NoCurrentClaimError",
     "NotReplicatedError",
     "PayloadMismatchError",
     "ReplayedError",
@@ -80,10 +82,13 @@ class ClaimLostError(GoblinClaimError):
 
     Its lease lapsed and another token claimed the work, or it was completed
     (by another token, or by this one with another value). Nothing was written.
+    ``ensure_held()`` raises it when the handle's keep-alive (or its own clock) says
+    the claim is lost; an ``async def`` under ``@idempotent`` whose claim is lost
+    while it runs is cancelled, and its caller gets this error instead.
 
     Attributes:
         result: For the ``@idempotent`` decorator, the value the function computed
-            after its claim was lost; ``None`` otherwise.
+            after its claim was lost; ``None`` otherwise (and when the work was cancelled).
         holder: The token that holds or completed the claim instead, when the server
             said (a refused ``complete()``); ``None`` when it did not, or nobody does.
     """
@@ -199,6 +204,14 @@ class UnreadableResultError(GoblinClaimError):
 
 class NativeUnavailableError(GoblinClaimError):
     """``native="always"`` was asked for, but the server lacks GOBLIN.CLAIM / GOBLIN.CAD."""
+
+
+class NoCurrentClaimError(GoblinClaimError, LookupError):
+    """``current_claim()`` was called outside the function of an ``@idempotent`` call.
+
+    A ``LookupError`` too, as a ``ContextVar`` without a value raises one, so a helper
+    used both inside and outside decorated calls can catch either.
+    """
 
 
 class ServerError(GoblinClaimError):

@@ -101,6 +101,7 @@ OUTCOMES: Final = frozenset(
         "claim_lost",
         "result_lost",
         "payload_mismatch",
+        "failed_open",  # the server could not be reached, and fail_open ran the work without a claim
         "unstorable",
         "released",
         "not_held",
@@ -169,7 +170,8 @@ class Event(NamedTuple):
             ``GOBLIN.CLAIM`` / ``GOBLIN.CAD``) or ``"script"`` (Lua); ``None`` when unknown.
         duration: Seconds the operation took; ``None`` for notices.
         fence: With ``fencing=True``, the fence of a claim taken.
-        error: The exception the operation raised, or ``None``.
+        error: The exception the operation raised, or ``None``; for ``failed_open``, the
+            one that made it fail open (the work's own error goes to its caller).
     """
 
     operation: str
@@ -359,7 +361,8 @@ class Op:
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if exc is not None:
-            self.error = exc
+            if self.error is None:  # a failed_open call keeps the error that made it fail open
+                self.error = exc
             if not self.final and not (self.outcome == "in_flight" and isinstance(exc, StillInFlightError)):
                 self.outcome = outcome_of_error(exc)  # (in flight and told so at once: in_flight it stays)
         self.end()
@@ -443,6 +446,29 @@ class _NoOp:
 
 
 _NOTHING: Final = _NoOp()
+
+
+def current_request() -> Op | None:
+    """The observed request (a door's ``"request"`` operation) the current task or thread works for, if any."""
+    return _REQUEST.get()
+
+
+def failed_open(log: logging.Logger, operation: str, claim: Any, error: BaseException, op: Op | None) -> None:
+    """The claim's round trip could not reach the server, and ``fail_open`` runs the work without a claim.
+
+    A WARNING on ``log`` whether or not anything observes; ``op`` (the observed
+    call or request, if any) comes to ``failed_open`` with ``error``, whatever the
+    work does next, for the listeners and OpenTelemetry.
+    """
+    event = Event(operation, "failed_open", namespace_of(claim), claim.key, None, None, None, error)
+    log.warning(
+        "%s %s: no claim could be made, the server is out of reach (%s): fail_open runs the work without one, "
+        "so it may run more than once",
+        operation, _named(event), type(error).__name__, extra=_fields(event),
+    )  # fmt: skip
+    if op is not None:
+        op.settle("failed_open")
+        op.error = error
 
 
 def observing(operation: str, claim: Any) -> Op | _NoOp:

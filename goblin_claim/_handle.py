@@ -143,7 +143,9 @@ class ClaimBase(Generic[ClientT]):
         "_fence_key",
         "_holder",
         "_keep",
+        "_keeper",
         "_lapse_ms",
+        "_made_token",
         "_mine_until",
         "_native",
         "_replica_timeout_ms",
@@ -199,11 +201,13 @@ class ClaimBase(Generic[ClientT]):
         self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
         self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
         self.token = new_token() if token is None else check_token(token)
+        self._made_token = token is None  # unique to this handle: no other handle can hold it
         self._native = native if type(native) is str and native == "auto" else check_native(native)
         self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
         self._holder: object = None  # what the last claim reply said claim_key holds, when it said
         self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
         self._fence: int | None = None  # the fence of the claim this handle holds or last held
+        self._keeper: Any = None  # the keep-alive renewing this handle's claim, for ensure_held()
         if fencing is False:
             self._fence_key: str | None = None
         elif fencing is True:
@@ -261,6 +265,7 @@ class ClaimBase(Generic[ClientT]):
         self.key = key
         self.claim_key, self.result_key = build_keys(namespace, key)
         self.lease, self.ttl, self.token, self._native = lease, ttl, token, native
+        self._made_token = True  # the decorator's and a batch's tokens are made for their handle
         self._fence_key = None
         self._replicas, self._replica_timeout_ms = replicas, replica_timeout_ms
         self._lapse_ms = None
@@ -272,6 +277,7 @@ class ClaimBase(Generic[ClientT]):
             self._unit(at_most_once, checkpoints)
         else:
             self._keep = self._checkpoint_key = None
+        self._keeper = None
         return self
 
     @classmethod
@@ -428,7 +434,11 @@ class ClaimBase(Generic[ClientT]):
                 # Free meanwhile (the next attempt may take it), or a non-string: in flight, as natively.
                 self._mine_until = 0.0
                 return InFlight(key=self.key), None
-            if len(reply) == 4 and type(reply[1]) is int and reply[1] <= 0:
+            checkpoint = None
+            if len(reply) == 5 and type(reply[4]) is list:
+                # This token's claim read back with the checkpoint (a checkpointed claim sent again).
+                checkpoint, reply = reply[4], reply[:4]
+            if len(reply) == 4 and type(reply[1]) is int and reply[1] <= 0 and type(reply[3]) is int:
                 # An at-most-once record whose deadline passed without a result.
                 self._mine_until = 0.0
                 raise self._interrupted(holder, reply[3])
@@ -440,7 +450,7 @@ class ClaimBase(Generic[ClientT]):
             if holder == self.token or holder == self.token.encode():
                 fence = reply[2] if len(reply) > 2 else None
                 if self._owns(resent, now, fence):
-                    return self._claimed(fence, acknowledged, sent_at, held=True), holder
+                    return self._claimed(fence, acknowledged, sent_at, held=True, checkpoint=checkpoint), holder
                 self._mine_until = 0.0
                 # another handle with this token holds it
                 return InFlight(key=self.key, retry_after=lapse, holder=holder_name(holder)), holder
@@ -667,6 +677,12 @@ class ClaimBase(Generic[ClientT]):
         """
         if resent:
             return True
+        if self._keep is not None and self._made_token:
+            # At most once, a token this handle made holds the claim only if this handle took
+            # it: a claim re-sent by the client library itself (a cluster's, a wrapper's), whose
+            # first reply was lost, is its own, or nobody would run the work and it would read
+            # as interrupted once the lease ended.
+            return True
         if now >= self._mine_until:
             return False
         return self._fence is None or type(fence) is not int or fence == self._fence
@@ -708,6 +724,40 @@ class ClaimBase(Generic[ClientT]):
     def _let_go(self) -> None:
         """This handle no longer holds the claim: released, completed, or forgotten."""
         self._mine_until = 0.0
+        self._keeper = None
+
+    def ensure_held(self) -> None:
+        """Raise ``ClaimLostError`` if this handle's claim is lost by what it knows, with no round trip.
+
+        Call it before a step that must not run once the claim is lost (a charge, an
+        email). It goes by the handle's keep-alive when one began (a renewal found the
+        claim gone, or none succeeded before the lease ran out, or, when the renewer has
+        not run in time, the lease is over by the clock), else by the handle's own clock
+        since it took the claim. It reads no server: the claim may still be lost the
+        moment after, so keep the step after it short beside the lease.
+
+        A handle that never took the claim, or gave it up (``complete()``,
+        ``release()``, ``forget()``), raises; so does a handle made with the token of a
+        claim another handle took, which has no lease of its own to go by, unless a
+        keep-alive of its own runs (its first renewal tells).
+
+        Raises:
+            ClaimLostError: Naming the key, the token and why.
+        """
+        keeper = self._keeper
+        if keeper is not None:
+            why = keeper._not_held(self._mine_until)
+        elif time.monotonic() < self._mine_until:
+            return
+        elif self._mine_until:
+            why = "the lease it took is over by this handle's own clock"
+        else:
+            why = (
+                "this handle holds no claim of its own (it never took one, it completed, released or forgot it, "
+                "or it was made with the token of a claim another handle took)"
+            )
+        if why is not None:
+            raise ClaimLostError(f"token {self.token!r} no longer holds {self.key!r}: {why}", key=self.key)
 
     def _complete_call(
         self, value: object, encoding: str = "utf-8", text_only: bool = False, wake: str = ""

@@ -15,6 +15,8 @@ when the work is still running then, asks ``retry_delay`` when to try again::
               └─running────► StillInFlightError(retry_after) ─► the queue's own
                              "retry later" (a countdown, a defer, a re-enqueue),
                              never a failure, never a spent retry
+        └─interrupted (at_most_once: an earlier attempt ended without a result)──►
+                             acked without running anything, logged at WARNING (``acked``)
 
 ``wait`` defaults to ``WAIT`` (10 s, ``@idempotent``'s own default). Most
 duplicates are of short work, and a waiting copy answers the moment the first
@@ -24,6 +26,13 @@ delivery. Past the holder's lease left the wait ends either way: a crashed
 owner's claim has lapsed and is taken over, and a live owner has renewed it,
 which means long work that a later retry answers with the slot given back.
 ``wait=0`` never waits.
+
+Under ``at_most_once`` a delivery of a key whose earlier attempt ended without a
+result (its worker was killed, or lost its lease) finishes without running the work
+and without asking for a retry: the queue acks it, and the door logs it at WARNING
+(``acked``), naming the key by its digest. The job function reaches its handle as a
+decorated function does (``current_claim()``), to checkpoint its progress with
+``checkpoints=True``.
 """
 
 from __future__ import annotations
@@ -32,18 +41,21 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pydantic
 import pydantic_core
 
+from . import _events
 from ._decorator.idempotent import idempotent
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError, StillInFlightError
+from ._errors import InterruptedWorkError, InvalidArgumentError, InvalidArgumentTypeError, StillInFlightError
 
 __all__ = [
     "WAIT",
     "acall_with_first",
+    "acked",
     "call_with_first",
     "current_first",
     "job_function",
@@ -100,6 +112,28 @@ def _past_the_lapse(left: float | None, lease: int) -> float:
     if left is None:
         return min(_UNKNOWN, float(lease))
     return max(_MARGIN, left + _MARGIN)
+
+
+def acked(log: logging.Logger, decorated: Any, exc: InterruptedWorkError) -> None:
+    """Say on the door's ``log`` (WARNING) that a delivery of an interrupted key is acked without running the work.
+
+    The key is named by its digest (as it is with ``GOBLIN_CLAIM_LOG_KEYS=1``), never the
+    holder's token; the namespace (the task's name) and when the attempt claimed the key.
+    """
+    key = exc.key or ""
+    namespace = decorated._goblin_spec.namespace
+    fields: dict[str, object] = {
+        "operation": "call", "outcome": "interrupted", "namespace": namespace, "key_digest": _events.key_digest(key),
+        "error_type": type(exc).__name__,
+    }  # fmt: skip
+    if _events.LOG_KEYS:
+        fields["key"] = key
+    log.warning(
+        "key %s of %s: an at-most-once attempt (claimed %s) ended without a result, so this delivery is acked "
+        "without running the work; `goblin-claim inspect` shows the attempt, `goblin-claim forget` reopens the key",
+        key if _events.LOG_KEYS else fields["key_digest"], namespace, exc.claimed_at.isoformat(timespec="seconds"),
+        extra=fields,
+    )  # fmt: skip
 
 
 def plain_result(result: Any) -> Any:

@@ -24,6 +24,10 @@ when the holder's lease lapses (``retry_after``) and gives the try back, so it
 never counts against ``max_tries``; ``wait=0`` skips the wait. arq re-runs a dead
 worker's job once its in-progress key lapses (the job timeout plus 10 s).
 
+With ``at_most_once=True``, a job whose key's earlier attempt ended without a result
+(its worker died, or lost its lease) completes without running the work, its result
+``None``, logged at WARNING on ``goblin_claim.arq``.
+
 A model or dataclass result is handed to arq as its JSON form: configure arq's
 ``job_serializer``/``job_deserializer`` with JSON rather than its default pickle.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -39,10 +44,12 @@ from arq.constants import retry_key_prefix
 from arq.worker import Retry
 
 from ._defaults import LEASE
-from ._errors import StillInFlightError
-from ._jobs import acall_with_first, current_first, job_function, plain_result, retry_delay
+from ._errors import InterruptedWorkError, StillInFlightError
+from ._jobs import acall_with_first, acked, current_first, job_function, plain_result, retry_delay
 
 __all__ = ["idempotent_job"]
+
+logger = logging.getLogger("goblin_claim.arq")
 
 
 def idempotent_job(*, key: Any, client: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -77,6 +84,11 @@ def idempotent_job(*, key: Any, client: Any = None, **options: Any) -> Callable[
                     # arq counted this try when it started the job: give it back.
                     await ctx["redis"].decr(retry_key_prefix + ctx["job_id"])
                 raise Retry(defer=retry_delay(exc, lease)) from exc
+            except InterruptedWorkError as exc:
+                if "job_id" not in ctx:
+                    raise  # not a worker's job: the caller decides
+                acked(logger, job, exc)  # at most once: the job completes, nothing runs
+                return None
             return plain_result(result)
 
         run.forget = job.forget  # type: ignore[attr-defined]

@@ -18,10 +18,13 @@ byte, with ``Idempotent-Replayed: true``::
     claim ──Claimed──► run the app (lease kept alive), buffer the response ─► store ─► send
        │                  ├─ raised (client still there), 5xx, 408, 425, 429 ─► key given back (release)
        │                  ├─ cancelled, client gone, no whole response ─► kept closed: abandoned
+       │                  ├─ claim lost while the app runs ─► the app cancelled; 503 claim-lost, nothing kept
        │                  └─ too large or streamed (stream_types, trailers, files) ─► passed through, marked unstored
        ├─Completed──► same fingerprint: replay; other: 422; marked unstored: 422; abandoned: 422
        ├─InFlight───► other fingerprint: 422; wait=0: 409; else wait for it
+       ├─interrupted► (at_most_once) 409 interrupted, no Retry-After: never run again
        └─Redis fails► 503 with Retry-After: the app never runs unguarded
+                      (unreachable with fail_open=True: the app runs, its response passed through, not kept)
 
 Cancellation is part of the contract: a claim whose round trip was cancelled is
 released (its reply may have been lost after the server acted), and a store,
@@ -41,8 +44,10 @@ route, ``routes=`` by path pattern or by a function, and an endpoint's own
 ``@idempotency_key("ignore")`` (a Litestar handler's ``opt``) over both.
 
 Not guaranteed: a lease that lapses while the app runs (Redis unreachable for
-longer than ``lease``) lets a retry run the app a second time; the late first
-run is then answered 503 and its response is not stored, so every duplicate
+longer than ``lease``) lets a retry run the app a second time. The first run is
+cancelled once its keep-alive sees the loss (a renewal that finds the claim gone,
+or none succeeding before the lease ends), at the app's next await, and answered
+503; a response that ends after the loss is not stored either, so every duplicate
 agrees with the response that was. Responses to ``GET``, ``HEAD``, ``OPTIONS``
 and ``TRACE`` are never intercepted.
 """
@@ -58,6 +63,7 @@ from . import _events, _http
 from ._clients.transport import to_the_end_async
 from ._drivers.aio import AsyncClaim
 from ._drivers.http_aio import AsyncDoor, _digest, abandon, give_back, mark, open_claim, store
+from ._drivers.keepalive import AsyncKeepAlive, stop_on_loss
 from ._http import (
     DEFAULT_NEVER_REPLAYED,
     DEFAULT_RELEASE_STATUSES,
@@ -170,7 +176,7 @@ class IdempotencyMiddleware:
             otherwise share keys between users); ``True`` makes it a shared space.
         problem_docs: A URL documenting the problem answers: each answer's ``type``
             is then ``<problem_docs>#<code>`` (``key-missing``, ``key-invalid``,
-            ``key-reused``, ``in-flight``, ``abandoned``, ``not-kept``, ``no-owner``,
+            ``key-reused``, ``in-flight``, ``interrupted``, ``abandoned``, ``not-kept``, ``no-owner``,
             ``body-too-large``, ``store-unavailable``, ``claim-lost``, ``result-lost``,
             ``result-unreadable``) instead of ``about:blank``.
         fingerprint: What makes two requests with one key "the same request":
@@ -179,6 +185,22 @@ class IdempotencyMiddleware:
             the query string), ``"bytes"``, ``"json"``, ``"form"``, ``"multipart"``,
             or a function of the ASGI scope returning ``str`` or ``bytes``.
         namespace: Prefix of every Redis key the middleware writes; no braces.
+        fail_open: When the claim cannot reach Redis (refused, timed out, or a server
+            that cannot take it: ``LOADING``, ``READONLY``...), run the app anyway and
+            pass its response through, not kept, instead of answering 503; logged at
+            WARNING and counted (a ``failed_open`` event). At-least-once while Redis
+            is unreachable, so only for requests harmless to repeat. A Redis that
+            answers always decides: replays, 409, 422 as ever.
+        at_most_once: Never run a request again once the app began it, even when its
+            worker is killed before it answers (``SIGKILL``, an OOM kill, a lost host): once
+            that attempt's lease ends, every request with its key is answered ``409``
+            ``interrupted`` (no ``Retry-After``: retrying will not help) until ``ttl`` ends
+            or an operator forgets the key. A duplicate while it runs is answered ``409``
+            ``in-flight`` as before. A response not kept (a 5xx, a retry status) or an
+            exception the app raised still gives the key back.
+        expose_holder: Put the holder's token in the ``holder`` member of a ``409``'s problem
+            details (in flight and interrupted), to match with ``goblin-claim inspect``; off
+            by default, as a token may name a worker or a request.
 
     Example::
 
@@ -223,6 +245,9 @@ class IdempotencyMiddleware:
         routes: Mapping[str, KeyRule] | Callable[[Scope], KeyRule | None] | None = DEFAULTS.routes,
         replicas: int = DEFAULTS.replicas,
         replica_timeout_ms: int = DEFAULTS.replica_timeout_ms,
+        fail_open: bool = DEFAULTS.fail_open,
+        at_most_once: bool = DEFAULTS.at_most_once,
+        expose_holder: bool = DEFAULTS.expose_holder,
     ) -> None:
         self.app = app
         # The defaults above are DoorOptions' (tests/http/test_door_options.py holds the two together).
@@ -231,7 +256,8 @@ class IdempotencyMiddleware:
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
             stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
-            routes=routes, replicas=replicas, replica_timeout_ms=replica_timeout_ms,
+            routes=routes, replicas=replicas, replica_timeout_ms=replica_timeout_ms, fail_open=fail_open,
+            at_most_once=at_most_once, expose_holder=expose_holder,
         ).checked()  # fmt: skip
         self._door = AsyncDoor(client, options, "goblin_claim.asgi.IdempotencyMiddleware")
         self.required = options.required
@@ -301,12 +327,21 @@ class IdempotencyMiddleware:
                 op.note("payload_mismatch")
             await _send_answer(send, opened, self.options.problem_docs)
             return
-        exchange = _Exchange(self, claim, fp, receive, send)
+        if opened is not None:  # fail_open, Redis unreachable: the app runs unclaimed, its response passes through
+            await self.app(scope, receive, send)
+            return
+        keeper = claim.keep_alive()
+        exchange = _Exchange(self, claim, fp, receive, send, keeper)
         try:
-            async with claim.keep_alive():
+            async with keeper:
                 exchange.started = True
-                await self.app(scope, exchange.receive, exchange.send)
+                # A lost claim cancels the app: not this request's key any more.
+                await stop_on_loss(keeper, self.app(scope, exchange.receive, exchange.send))
         except BaseException as exc:
+            if keeper._stopped_work:
+                op.note("lease_lost")
+                await to_the_end_async(exchange.lost())
+                return
             await to_the_end_async(exchange.settle(exc))
             raise
         await to_the_end_async(exchange.settle(None))
@@ -348,13 +383,17 @@ class _Exchange:
     """
 
     __slots__ = (
-        "_chunks", "_claim", "_fp", "_gone", "_mode", "_owner", "_receive", "_send", "_size", "_start", "_unstored",
-        "ended", "started",
+        "_chunks", "_claim", "_fp", "_gone", "_keeper", "_mode", "_owner", "_receive", "_send", "_size", "_start",
+        "_unstored", "ended", "started",
     )  # fmt: skip
 
-    def __init__(self, owner: IdempotencyMiddleware, claim: AsyncClaim, fp: str, receive: Receive, send: Send) -> None:
+    def __init__(
+        self, owner: IdempotencyMiddleware, claim: AsyncClaim, fp: str, receive: Receive, send: Send,
+        keeper: AsyncKeepAlive,
+    ) -> None:  # fmt: skip
         self._owner = owner
         self._claim = claim
+        self._keeper = keeper  # renews the claim until the response is settled
         self._fp = fp
         self._receive = receive
         self._send = send
@@ -452,6 +491,7 @@ class _Exchange:
         assert self._unstored is not None
         self._mode = "settled"
         marker = _http.unstored_payload(self._fp, self._start["status"], self._unstored)
+        self._keeper._end()  # the key is settled by this write: nothing left to renew, nor to lose
         await to_the_end_async(mark(self._claim, marker))
 
     async def _store_and_send(self) -> None:
@@ -465,6 +505,8 @@ class _Exchange:
         )
         # The app has answered: a cancellation now (the client left mid-store) must not
         # drop its answer, so the store lands first and the cancellation propagates after.
+        # The key is settled by this write: nothing left to renew, nor a loss to cancel the app for.
+        self._keeper._end()
         stored = await to_the_end_async(store(self._claim, payload, start["status"], self._fp))
         if stored == "lost":
             await _send_answer(
@@ -502,6 +544,22 @@ class _Exchange:
             await self._forward(self._start)
             if self._chunks:
                 await self._forward({"type": "http.response.body", "body": b"".join(self._chunks), "more_body": True})
+
+    async def lost(self) -> None:
+        """The claim was lost while the app ran, and the app was cancelled for it: answered as a lost store is.
+
+        Nothing is kept, marked or given back: the key is another request's now (or
+        free). A response the app had begun to pass through ends where it was cut.
+        """
+        mode, self._mode = self._mode, "settled"
+        logger.warning("key %s: the claim was lost while the app ran; the app was cancelled", _digest(self._claim))
+        if mode == "buffer":
+            await _send_answer(
+                self._forward,
+                _http.problem(503, _http.LOST, retry=True, code="claim-lost"),
+                self._owner.options.problem_docs,
+            )
+            self.ended = True
 
     def _abandoned(self, error: BaseException | None) -> str:
         """Why the request ended without a whole response, for the marker and the log."""

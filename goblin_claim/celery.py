@@ -32,6 +32,11 @@ first message's id is kept beside the claim for ``ttl``; a task that fails for g
 clears it, and ``forget()`` does too. A queued message the broker loses keeps its
 key refused until ``ttl`` or ``forget()``: the at-least-once settings make that rare.
 
+With ``"at_most_once": True``, a message whose key's earlier attempt ended without a
+result (its pool child was killed, or lost its lease) is acked without running the
+task: it ends SUCCESS with the result ``None``, logged at WARNING on
+``goblin_claim.celery``; called directly, the task raises ``InterruptedWorkError``.
+
 A pydantic model (or dataclass) result is handed to Celery as its JSON form, as
 Celery's own ``pydantic=True`` does, so the JSON result backend can store it.
 
@@ -41,6 +46,7 @@ stored runs the work again on redelivery; pass the key downstream (docs/guides/j
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 from celery import Task
@@ -48,11 +54,13 @@ from celery.exceptions import Ignore
 from celery.utils import uuid
 
 from ._defaults import LEASE
-from ._errors import StillInFlightError
-from ._jobs import job_function, plain_result, retry_delay, split_options
+from ._errors import InterruptedWorkError, StillInFlightError
+from ._jobs import acked, job_function, plain_result, retry_delay, split_options
 from ._protocol.record import build_keys
 
 __all__ = ["IdempotentTask"]
+
+logger = logging.getLogger("goblin_claim.celery")
 
 
 class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
@@ -91,6 +99,11 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             # The same message again (same id, same retries), later; this copy leaves no state.
             self.signature_from_request(request, countdown=delay).apply_async()
             raise Ignore() from exc
+        except InterruptedWorkError as exc:
+            if self.request.called_directly or self.request.is_eager:
+                raise  # no delivery to ack: the caller decides
+            acked(logger, job, exc)  # at most once: this delivery ends, nothing runs
+            return None
         return plain_result(result)
 
     def forget(self, *args: Any, **kwargs: Any) -> bool:

@@ -201,10 +201,12 @@ class _Door:
         op: _events.Op | _events._NoOp,
     ) -> HttpResponseBase:
         opened = http_sync.open_claim(self.options, claim, fp, _accept(request))
-        if opened is not None:
+        if isinstance(opened, Answer):
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
             return _response(opened, self.options.problem_docs)
+        if opened is not None:  # fail_open, Redis unreachable: the view runs unclaimed, its response passes through
+            return call(request)
         keep = claim.keep_alive()
         keep.__enter__()
         try:
@@ -280,10 +282,12 @@ class _Door:
         op: _events.Op | _events._NoOp,
     ) -> HttpResponseBase:
         opened = await http_aio.open_claim(self.options, claim, fp, _accept(request))
-        if opened is not None:
+        if isinstance(opened, Answer):
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
             return _response(opened, self.options.problem_docs)
+        if opened is not None:  # fail_open, Redis unreachable: the view runs unclaimed, its response passes through
+            return await call(request)
         # The lease is renewed until the response is settled: a streamed one, until its last chunk went out.
         keep = claim.keep_alive()
         await keep.__aenter__()

@@ -22,6 +22,10 @@ INFO, and the retry does not count against ``max_retries``. ``"wait": 0`` skips
 the wait, holding no thread. Dramatiq requeues a killed worker's messages after
 the broker's ``heartbeat_timeout``.
 
+With ``"at_most_once": True``, a message whose key's earlier attempt ended without a
+result (its worker was killed, or lost its lease) is acked without running the
+actor, logged at WARNING on ``goblin_claim.dramatiq``.
+
 A model or dataclass result is handed to Dramatiq (its Results middleware) as its
 JSON form.
 """
@@ -29,16 +33,19 @@ JSON form.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import dramatiq
 from dramatiq.errors import Retry
 
 from ._defaults import LEASE
-from ._errors import StillInFlightError
-from ._jobs import job_function, plain_result, retry_delay, split_options
+from ._errors import InterruptedWorkError, StillInFlightError
+from ._jobs import acked, job_function, plain_result, retry_delay, split_options
 
 __all__ = ["Idempotency"]
+
+logger = logging.getLogger("goblin_claim.dramatiq")
 
 
 class _InFlightRetry(Retry):
@@ -78,6 +85,9 @@ class Idempotency(dramatiq.Middleware):
             except StillInFlightError as exc:
                 delay_ms = max(1, round(retry_delay(exc, lease) * 1000))
                 raise _InFlightRetry(f"{exc.key!r} is in flight; retried in {delay_ms} ms", delay=delay_ms) from exc
+            except InterruptedWorkError as exc:
+                acked(logger, job, exc)  # at most once: the message is acked, nothing runs
+                return None
             return plain_result(result)
 
         run.forget = job.forget  # type: ignore[attr-defined]

@@ -21,7 +21,8 @@ shared core's and the stored envelopes are the other doors', so a Flask service
 and an ASGI one over one Redis replay each other's answers.
 
 Not guaranteed: as for any WSGI app (``goblin_claim.wsgi``), a worker killed by
-SIGKILL leaves its claim to lapse after ``lease``, and a retry then runs again.
+SIGKILL leaves its claim to lapse after ``lease``, and a retry then runs again
+(with ``at_most_once=True`` it does not: the key is answered ``409`` ``interrupted``).
 """
 
 from __future__ import annotations
@@ -139,11 +140,14 @@ class Idempotency:
         except BaseException as exc:
             op.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        if opened is not None:
+        if isinstance(opened, Answer):
             if opened.code == "key-reused":
                 op.note("payload_mismatch")
             op.__exit__(None, None, None)
             return _response(opened, options.problem_docs)
+        if opened is not None:  # fail_open, Redis unreachable: the view runs unclaimed, its response passes through
+            op.__exit__(None, None, None)
+            return None
         keep = claim.keep_alive()
         keep.__enter__()
         setattr(g, _STATE, (claim, fp, keep, options, op))

@@ -12,14 +12,16 @@ What ``instrument()`` turns on:
   for a keep-alive renewal, ...), current while the operation runs, so the spans
   of redis-py's own instrumentation (which sees every command: instrumented
   clients go through ``execute_command``) nest under it. Span events: ``lease lost``,
-  ``taken over``, ``script reloaded``, ``native fallback``, ``woken``. No ``db.*``
-  attributes: those belong to the Redis client's instrumentation.
+  ``taken over``, ``failed open``, ``script reloaded``, ``native fallback``, ``woken``.
+  No ``db.*`` attributes: those belong to the Redis client's instrumentation.
 - ``goblin_claim.operation.duration`` (histogram, seconds) with ``goblin_claim.operation``,
   ``goblin_claim.outcome``, ``goblin_claim.path`` (native or script),
   ``goblin_claim.namespace`` and ``error.type``.
-- Counters ``goblin_claim.renewals`` (by outcome), ``goblin_claim.script_reloads`` and
-  ``goblin_claim.native_fallbacks``; observable gauges ``goblin_claim.keep_alives``
-  (live keep-alives) and ``goblin_claim.waiters`` (callers in ``wait()``).
+- Counters ``goblin_claim.renewals`` (by outcome), ``goblin_claim.script_reloads``,
+  ``goblin_claim.native_fallbacks`` and ``goblin_claim.fail_open_runs`` (work run without
+  a claim under ``fail_open``, by operation, namespace and ``error.type``); observable
+  gauges ``goblin_claim.keep_alives`` (live keep-alives) and ``goblin_claim.waiters``
+  (callers in ``wait()``).
 
 Keys, tokens and values are never attributes or span names; ``record_keys=True``
 adds the key (``goblin_claim.key``) to spans, never to metrics. An error's
@@ -57,6 +59,8 @@ _NOTICE_EVENTS: Final = {
 # From 100 µs (a loopback round trip) to a minute of waiting.
 _BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _BUCKETS_LONG: Final = (2.5, 5.0, 10.0, 30.0, 60.0)
+# A fail-open run is counted by its operation (call or request), namespace and error type.
+_FAIL_OPEN_ATTRIBUTES: Final = frozenset({"goblin_claim.operation", "goblin_claim.namespace", "error.type"})
 
 
 def _version() -> str:
@@ -95,6 +99,11 @@ class _Bridge:
             "goblin_claim.native_fallbacks",
             unit="{fallback}",
             description="Clients that fell back from the native commands to the scripts",
+        )
+        self._failed_open = meter.create_counter(
+            "goblin_claim.fail_open_runs",
+            unit="{run}",
+            description="Work run without a claim because the server could not be reached (fail_open)",
         )
         meter.create_observable_gauge(
             "goblin_claim.keep_alives",
@@ -137,6 +146,8 @@ class _Bridge:
             span.add_event("taken over")
         elif event.outcome in ("lease_lost", "claim_lost"):
             span.add_event("lease lost")
+        elif event.outcome == "failed_open":
+            span.add_event("failed open")
         if event.error is not None:
             # The type only: an error's message names the keys.
             span.set_status(Status(StatusCode.ERROR, _error_type(event.error)))
@@ -157,6 +168,8 @@ class _Bridge:
         span.end()
         if event.duration is not None:
             self._duration.record(event.duration, attributes)
+        if event.outcome == "failed_open":
+            self._failed_open.add(1, {k: v for k, v in attributes.items() if k in _FAIL_OPEN_ATTRIBUTES})
 
     def end_batch(self, handle: tuple[trace.Span, object], count: int, error: BaseException | None) -> None:
         """End an ``acquire_many`` span: one span for the batch, one event (and record) per key."""

@@ -20,12 +20,18 @@ so it never spends one of the job's own ``Retry`` attempts and never ends FAILED
 work-horse was killed only through ``Retry``: enqueue with one for at-least-once
 delivery.
 
-Called outside a worker, a key still in flight after that wait raises ``StillInFlightError``.
+With ``at_most_once=True``, a job whose key's earlier attempt ended without a result
+(its work-horse was killed, or lost its lease) finishes without running the work,
+its result ``None``, logged at WARNING on ``goblin_claim.rq``.
+
+Called outside a worker, a key still in flight after that wait raises ``StillInFlightError``
+(an interrupted key, ``InterruptedWorkError``).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -33,10 +39,12 @@ from typing import Any
 from rq import get_current_job
 
 from ._defaults import LEASE
-from ._errors import StillInFlightError
-from ._jobs import job_function, plain_result, retry_delay
+from ._errors import InterruptedWorkError, StillInFlightError
+from ._jobs import acked, job_function, plain_result, retry_delay
 
 __all__ = ["idempotent_job"]
+
+logger = logging.getLogger("goblin_claim.rq")
 
 _SAVED = "goblin_claim_retry"  # job.meta: the job's own retry settings while an in-flight retry borrows them
 
@@ -70,6 +78,11 @@ def idempotent_job(client: Any, *, key: Any, **options: Any) -> Callable[[Callab
                 if current is not None:
                     _borrow_retry(current, retry_delay(exc, lease))
                 raise
+            except InterruptedWorkError as exc:
+                if current is None:
+                    raise  # no job to finish: the caller decides
+                acked(logger, job_fn, exc)  # at most once: the job finishes, nothing runs
+                return None
             # In a worker, what RQ stores goes through its serializer: a model as its JSON form.
             return plain_result(result) if current is not None else result
 

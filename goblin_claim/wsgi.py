@@ -21,7 +21,9 @@ still finds it on retry.
 Not guaranteed: a worker killed with SIGKILL before it could write anything
 leaves the claim to lapse after ``lease``, and a retry then runs the app again
 (renewals stop with the process, so choose ``lease`` above the server's own
-timeout: a worker stalled longer than ``lease`` may be run twice).
+timeout: a worker stalled longer than ``lease`` may be run twice). With
+``at_most_once=True`` it is not run again: once the lease ends, the key is
+answered ``409`` ``interrupted`` until ``ttl`` ends or it is forgotten.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class IdempotencyMiddleware:
         **options: The ASGI middleware's options (``required``, ``routes``, ``methods``,
             ``header``, ``lease``, ``ttl``, ``wait``, ``scope``, ``shared_scope``,
             ``max_body_bytes``, ``max_response_bytes``, ``replay_headers``,
-            ``release_statuses``, ``fingerprint``, ``namespace``); ``scope``, a ``routes``
+            ``release_statuses``, ``fingerprint``, ``namespace``, ``fail_open``, ``at_most_once``,
+            ``expose_holder``); ``scope``, a ``routes``
             function and a ``fingerprint`` function receive the WSGI environ, ``routes``
             patterns match ``SCRIPT_NAME + PATH_INFO``.
 
@@ -68,7 +71,7 @@ class IdempotencyMiddleware:
         app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, client=redis.Redis(socket_timeout=2), required=True)
 
     Not guaranteed: see the module docstring (a worker killed by SIGKILL, a stall
-    longer than ``lease``).
+    longer than ``lease``, unless ``at_most_once=True``).
     """
 
     def __init__(self, app: WSGIApp, *, client: Any, **options: Any) -> None:
@@ -111,6 +114,8 @@ class IdempotencyMiddleware:
                 if opened.code == "key-reused":
                     op.note("payload_mismatch")
                 return _send(start_response, opened, options.problem_docs)
+            if opened is not None:  # fail_open, Redis unreachable: the app runs unclaimed, its response passes through
+                return self.app(environ, start_response)
             return _Run(self, claim, fp).run(environ, start_response)
 
 

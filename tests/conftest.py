@@ -393,6 +393,14 @@ def broker(own_server: Callable[..., servers.RedisProcess], monkeypatch: pytest.
 
 
 @pytest.fixture
+def out_of_reach(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A Redis URL nobody listens at, in GC_JOBS_UNREACHABLE_URL: the claims of the job apps' fail-open jobs."""
+    url = f"redis://{servers.HOST}:{servers.free_port()}/0"
+    monkeypatch.setenv("GC_JOBS_UNREACHABLE_URL", url)
+    return url
+
+
+@pytest.fixture
 def data(broker: servers.RedisProcess) -> Iterator[redis.Redis]:
     """A client on the job test's broker."""
     client = broker.client()

@@ -176,6 +176,7 @@ _OPERATIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
     ("complete", ("complete",), (), ("publish",)),
     ("wait and its wake-up", ("claim",), ("goblin.claim", "@peek"), ("subscribe",)),
     ("extend (and keep-alive)", ("extend",), (), ()),
+    ("checkpoint", ("checkpoint",), (), ()),
     ("release", ("release",), ("goblin.cad",), ("publish",)),
     ("forget", ("forget",), (), ("publish",)),
     ("batch (acquire_many)", ("claim",), ("goblin.claim", "@peek"), ()),

@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _http
+from .._clients.families import RESPONSE_ERRORS
 from .._decorator.codec import Codec, ErrorEnvelope, ResultEnvelope, UnstorableEnvelope
 from .._errors import GoblinClaimError, InvalidArgumentError
+from .._handle import CHECKPOINT_SUFFIX
 from .._protocol.record import FENCE_SUFFIX, build_keys, split_done, split_token
 from .connect import Client
 from .findings import _text
-from .scan import _TASK
+from .scan import _TASK, claimed_at, held_parts
 
 # --------------------------------------------------------------------------- inspect and forget
 
@@ -30,6 +32,8 @@ class KeyReport:
     exists: bool = False  # the record, as forget() would delete it
     legacy: list[str] = field(default_factory=list)  # an older release's keys of the same key, still there
     marker: str | None = None  # Celery's enqueue_once marker beside the record, when there is one
+    checkpoint: str | None = None  # the progress an owner saved beside the record, when there is one
+    todo: str = ""  # what the operator may do about the state, when it calls for something
 
 
 def _ttl(ms: int) -> str:
@@ -144,10 +148,10 @@ def _operator_key(args: argparse.Namespace) -> tuple[str, str, str]:
 def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
     """What the record of ``key`` holds, in words (and whether an older release's keys are left)."""
     record = build_keys(namespace, key)[0]
-    fence, marker = record + FENCE_SUFFIX, record + _TASK.decode()
+    fence, marker, checkpoint = record + FENCE_SUFFIX, record + _TASK.decode(), record + CHECKPOINT_SUFFIX
     legacy = _legacy_names(namespace, key)
     pipe = client.pipeline(transaction=False)
-    for name in (record, fence, *legacy, marker):
+    for name in (record, fence, *legacy, marker, checkpoint):
         pipe.type(name)
         pipe.pttl(name)
     replies = pipe.execute()
@@ -155,22 +159,44 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
     fence_type = _text(replies[2])
     value = client.get(record) if kind == "string" else None
     counter = client.get(fence) if fence_type == "string" else None
-    first = client.get(marker) if _text(replies[-2]) == "string" else None
+    first = client.get(marker) if _text(replies[-4]) == "string" else None
+    saved = client.strlen(checkpoint) if _text(replies[-2]) == "string" else None
     report = KeyReport("", exists=kind != "none")
     lines = report.lines
     lines.append(f"key {key!r} in namespace {namespace!r}")
-    _describe_record(report, key, record, kind, value, pttl)
+    _describe_record(report, key, record, kind, value, pttl, client)
+    if saved is not None:
+        report.checkpoint = checkpoint
+        lines.append(
+            f"checkpoint {checkpoint}: {saved} bytes, {_ttl(int(replies[-1]))} (the progress an owner saved: the next "
+            "owner after a lapse resumes from it)"
+        )
     if counter is not None:
         lines.append(f"fence   {fence}: {_shown(counter)} (the fence of the latest claim)")
     if first is not None:
         report.marker = marker
-        lines.append(f"task    {marker}: {_shown(first)}, {_ttl(int(replies[-1]))} (Celery's enqueue_once marker)")
-    _describe_legacy(report, legacy, replies[4:-2])  # between the fence's replies and the marker's
+        lines.append(f"task    {marker}: {_shown(first)}, {_ttl(int(replies[-3]))} (Celery's enqueue_once marker)")
+    _describe_legacy(report, legacy, replies[4:-4])  # between the fence's replies and the marker's
     return report
 
 
-def _describe_record(report: KeyReport, key: str, record: str, kind: str, value: bytes | None, pttl: int) -> None:
-    """The record's line and state in ``report``: free, odd, done or held."""
+def _server_ms(client: Client, name: str) -> int | None:
+    """The clock (TIME, ms) of the server holding ``name``: an at-most-once record's deadline is by that clock.
+
+    ``None`` when the user may not run TIME.
+    """
+    node = getattr(client, "get_node_from_key", None)
+    try:
+        clock = client.time(target_nodes=node(name)) if callable(node) else client.time()
+    except RESPONSE_ERRORS:
+        return None
+    return int(clock[0]) * 1000 + int(clock[1]) // 1000
+
+
+def _describe_record(
+    report: KeyReport, key: str, record: str, kind: str, value: bytes | None, pttl: int, client: Client
+) -> None:
+    """The record's line and state in ``report``: free, odd, done, held or interrupted."""
     lines = report.lines
     if kind == "none" or (kind == "string" and value is None):  # expired between the reads
         lines.append(f"record  {record}: none")
@@ -196,12 +222,44 @@ def _describe_record(report: KeyReport, key: str, record: str, kind: str, value:
                 f"ResultLostError; `goblin-claim forget {key}` reopens the key"
             )
             report.problem = True
+        elif (held := held_parts(value)) is not None:
+            _describe_held(report, key, record, pttl, held, _server_ms(client, record))
         else:
             lines.append(f"record  {record}: {_shown(value)}, {_ttl(pttl)}")
             if pttl == -1:
                 report.state = f"held by {_shown(value)}, with no lease end: in flight until the record is deleted"
             else:
                 report.state = f"held by {_shown(value)}, lease ends in {pttl / 1000:.1f} s: in flight"
+
+
+def _describe_held(
+    report: KeyReport, key: str, record: str, pttl: int, held: tuple[int, int, bytes], now_ms: int | None
+) -> None:
+    """An at-most-once record, read against the server's clock: in flight until its deadline, then interrupted."""
+    deadline, claimed, token = held
+    owner = _shown(split_token(token)[0])
+    report.lines.append(f"record  {record}: held by {owner} at most once, claimed {claimed_at(claimed)}, {_ttl(pttl)}")
+    if now_ms is None:
+        report.state = (
+            f"held by {owner} at most once: in flight or interrupted cannot be told, as this user may not run TIME "
+            "(the server's clock, which the lease's deadline is read against)"
+        )
+        return
+    if deadline > now_ms:
+        report.state = (
+            f"held by {owner}, lease ends in {(deadline - now_ms) / 1000:.1f} s: in flight, at most once (should the "
+            "lease end without a result, the key reads interrupted and nothing runs it again)"
+        )
+        return
+    report.state = (
+        f"interrupted: the at-most-once attempt of {owner} ended without a result, its lease over "
+        f"{(now_ms - deadline) / 1000:.1f} s ago; acquire() raises InterruptedWorkError and nothing runs it again"
+    )
+    report.todo = (
+        f"find out whether the work took effect; then `goblin-claim forget {key}` lets it run again, or leave it "
+        "until the TTL ends"
+    )
+    report.problem = True
 
 
 def _describe_legacy(report: KeyReport, legacy: tuple[str, str], replies: list[Any]) -> None:

@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
         "  goblin-claim namespaces\n"
         "  goblin-claim scan --namespace shop.payments.charge --state in-flight\n"
         "  goblin-claim stats --namespace shop.payments.charge\n"
-        "exit status: 0 when all is well; 1 on a problem (doctor's findings, a key inspect finds odd, a key scan or "
+        "exit status: 0 when all is well; 1 on a problem (doctor's findings, a key inspect finds odd or interrupted, "
+        "a key scan or "
         "stats finds that acquire() raises on, no server); 2 on bad usage; 141 when the reader closes the pipe "
         "(| head), as SIGPIPE ends `yes | head`; 130 on Ctrl-C.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -205,12 +206,15 @@ def _add_scan(commands: Commands, walked: argparse.ArgumentParser, url: argparse
         "scan",
         parents=[walked, url],
         help="list a namespace's keys with their state, holder and TTL",
-        description="List every key of a namespace: in-flight (the holder and the lease left), done (the holder "
+        description="List every key of a namespace: in-flight (the holder and the lease left), interrupted (an "
+        "at-most-once attempt whose lease ended without a result: the holder, when it claimed, the retention left), "
+        "done (the holder "
         "and the retention left) and odd (keys of another type, names goblin-claim does not write, an older "
         "release's two-key layout, which this release does not read). Walks every primary of a cluster with SCAN "
         "MATCH in batches of --count, never KEYS; read-only. The holder is the token's owner part: the call "
         "fingerprint @idempotent appends to it is never shown, nor are results (inspect KEY shows them). "
-        "Exits 1 when it finds a key acquire() raises on (a key of another type, a done marker without its value), "
+        "Exits 1 when it finds a key acquire() raises on (a key of another type, a done marker without its value, "
+        "an interrupted key), "
         "listed or not.",
     )
     lister.add_argument(
@@ -233,8 +237,8 @@ def _add_stats(commands: Commands, walked: argparse.ArgumentParser, url: argpars
         "stats",
         parents=[walked, url],
         help="count a namespace's keys by state (an estimate on large keyspaces)",
-        description="Count a namespace's keys by state: in-flight, done, odd. Walks every primary with SCAN "
-        f"MATCH, unless the keyspace holds more than --exact-up-to keys (DBSIZE over the primaries; default "
+        description="Count a namespace's keys by state: in-flight, interrupted, done, odd. Walks every primary with "
+        f"SCAN MATCH, unless the keyspace holds more than --exact-up-to keys (DBSIZE over the primaries; default "
         f"{EXACT_UP_TO:,}) or --sample is given: then it reads --sample SCAN batches of --count names per "
         f"primary (default {DEFAULT_SAMPLE}) and scales what it found by DBSIZE, and says the counts are an "
         "estimate. Read-only. Exits 1 when it finds a key acquire() raises on.",
@@ -369,6 +373,8 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
         for line in report.lines:
             print(line, file=out)
         print(f"state   {report.state}", file=out)
+        if report.todo:
+            print(f"        -> {report.todo}", file=out)
         if not report.exists and not report.legacy:
             print(
                 "        (nothing under this name: `goblin-claim namespaces` lists the namespaces in use; an HTTP "
@@ -389,6 +395,8 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
     else:
         print(f"forgot {args.said}: deleted {record}", file=out)
         print(f"  it was: {report.state}", file=out)
+        if report.checkpoint is not None:
+            print(f"  deleted {report.checkpoint} too: the progress an owner saved, so it starts afresh", file=out)
         print("  the next acquire() claims it and runs the work again", file=out)
     if report.marker is not None:
         print(f"  deleted {report.marker}: Celery's enqueue_once marker, so delay() sends the task again", file=out)
@@ -408,7 +416,8 @@ def _raising(count: int, args: argparse.Namespace, out: TextIO) -> int:
     if not count:
         return EXIT_OK
     print(
-        f"{count} key{'s' if count != 1 else ''} that acquire() raises on (WrongTypeError, ResultLostError): "
+        f"{count} key{'s' if count != 1 else ''} that acquire() raises on (WrongTypeError, ResultLostError, "
+        "InterruptedWorkError): "
         f"`goblin-claim inspect KEY --namespace {args.namespace}` says what each holds, `forget` reopens it",
         file=out,
     )
@@ -422,7 +431,7 @@ def _scan(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) 
     limited = False
     if not args.json:
         print(f"goblin-claim scan: {_where(args, client, cluster)}", file=out)
-        print(f"{'STATE':<10}{'TTL LEFT':>12}  {'HOLDER':<32} KEY", file=out)
+        print(f"{'STATE':<12}{'TTL LEFT':>12}  {'HOLDER':<32} KEY", file=out)
     for entry in walk(client, cluster, args.namespace, args.count):
         counts[entry.state] += 1
         raising += entry.raises is not None
@@ -436,7 +445,7 @@ def _scan(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) 
             print(json.dumps(asdict(entry)), file=out)
             continue
         note = f"  ({entry.note})" if entry.note else ""
-        print(f"{entry.state:<10}{_shown_ttl(entry.ttl_ms):>12}  {entry.holder or '-':<32} {entry.key}{note}", file=out)
+        print(f"{entry.state:<12}{_shown_ttl(entry.ttl_ms):>12}  {entry.holder or '-':<32} {entry.key}{note}", file=out)
     if not args.json:
         seen = sum(counts.values())
         summary = ", ".join(f"{counts[state]} {state}" for state in STATES)
@@ -473,8 +482,8 @@ def _stats(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO)
     mark = "" if exact else "~"
     print(f"goblin-claim stats: {_where(args, client, cluster)}", file=out)
     for state in STATES:
-        print(f"  {state:<10}{mark + f'{round(totals[state]):,}':>14}", file=out)
-    print(f"  {'total':<10}{mark + f'{round(sum(totals.values())):,}':>14}", file=out)
+        print(f"  {state:<12}{mark + f'{round(totals[state]):,}':>14}", file=out)
+    print(f"  {'total':<12}{mark + f'{round(sum(totals.values())):,}':>14}", file=out)
     nodes = f"{len(tallies)} primar{'ies' if len(tallies) != 1 else 'y'}"
     if exact:
         print(f"exact: every key of the namespace, walked with SCAN on {nodes}", file=out)

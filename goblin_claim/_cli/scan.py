@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -10,14 +11,15 @@ from typing import Any, Literal
 from .._clients.families import (
     RESPONSE_ERRORS,
 )
+from .._handle import CHECKPOINT_SUFFIX
 from .._protocol.record import FENCE_SUFFIX, split_done, split_token
 from .connect import Client, _primaries
 from .findings import _text
 
 # --------------------------------------------------------------------------- scan and stats
 
-State = Literal["in-flight", "done", "odd"]
-STATES: tuple[State, ...] = ("in-flight", "done", "odd")
+State = Literal["in-flight", "interrupted", "done", "odd"]
+STATES: tuple[State, ...] = ("in-flight", "interrupted", "done", "odd")
 DEFAULT_BATCH = 500
 # Above this many keys (DBSIZE, summed over the primaries), stats samples unless --exact.
 EXACT_UP_TO = 1_000_000
@@ -34,9 +36,15 @@ _GLOB = re.compile(r"([*?\[\]\\])")
 _FENCE = FENCE_SUFFIX.encode()
 # The Celery door's enqueue_once keeps the first message's task id beside the record.
 _TASK = b":task"
+# checkpoints=True keeps the last progress an owner saved beside the record.
+_CHECKPOINT = CHECKPOINT_SUFFIX.encode()
+# Beside a record by design: never listed or counted on their own (the record speaks for them).
+_BESIDE = (_FENCE, _TASK, _CHECKPOINT)
 # An older release laid each key out on two keys, <ns>:{<key>}:claim and <ns>:{<key>}:result.
 _LEGACY_SUFFIXES = (b":claim", b":result")
-_SUFFIXES = (b"", _FENCE, _TASK, *_LEGACY_SUFFIXES)
+_SUFFIXES = (b"", *_BESIDE, *_LEGACY_SUFFIXES)
+# An at-most-once record: "held <deadline_ms> <claimed_ms> <token>" (claim.lua).
+_HELD = re.compile(rb"held (\d+) (\d+) (.+)\Z", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -44,16 +52,18 @@ class Entry:
     """One key of a namespace as ``scan`` lists it.
 
     Attributes:
-        state: ``in-flight``, ``done`` or ``odd``.
+        state: ``in-flight``, ``interrupted`` (an at-most-once attempt whose lease ended
+            without a result), ``done`` or ``odd``.
         key: The idempotency key, as ``inspect`` and ``forget`` take it; for a name that is not
             laid out as this release lays out keys (an older release's two keys among them),
             the Redis key itself.
-        ttl_ms: What is left of the lease (in flight) or of the retention (done); ``-1`` for no
-            TTL, ``None`` when none applies.
+        ttl_ms: What is left of the lease (in flight) or of the retention (interrupted, done);
+            ``-1`` for no TTL, ``None`` when none applies.
         holder: The holder token's owner part (never the call fingerprint after it), or ``None``.
         note: What is wrong, for odd keys.
-        raises: What ``acquire()`` raises on this key (``WrongTypeError``, ``ResultLostError``),
-            ``None`` when it serves the key: such a key makes ``scan`` and ``stats`` exit 1.
+        raises: What ``acquire()`` raises on this key (``WrongTypeError``, ``ResultLostError``,
+            ``InterruptedWorkError``), ``None`` when it serves the key: such a key makes ``scan``
+            and ``stats`` exit 1.
     """
 
     state: State
@@ -91,7 +101,8 @@ def parse_name(name: bytes, prefix: bytes) -> tuple[bytes, bytes] | None:
     """(hash tag, suffix) of a name under ``prefix`` (``<ns>:{``), else ``None``.
 
     The suffix is ``b""`` for a record ``<ns>:{<tag>}``, ``b":fence"`` for its fence
-    counter, ``b":task"`` for Celery's enqueue_once marker, and ``b":claim"`` or
+    counter, ``b":task"`` for Celery's enqueue_once marker, ``b":checkpoint"`` for the
+    progress an owner saved (``checkpoints=True``), and ``b":claim"`` or
     ``b":result"`` for an older release's two keys.
     """
     if not name.startswith(prefix):
@@ -121,7 +132,7 @@ def _left(pttl: int) -> int | None:
 _NO_TTL = "no TTL: goblin-claim always sets one (another writer?)"
 
 
-def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None:
+def classify(key: str, kind: str, pttl: int, head: bytes | None, now_ms: int | None = None) -> Entry | None:
     """The state of one record from its type, TTL and head, read together; ``None`` when it is gone.
 
     Args:
@@ -129,6 +140,8 @@ def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None
         kind: TYPE of the record's key (``none``, ``string``, ``hash``...).
         pttl: PTTL of the record's key (-2 absent, -1 no TTL).
         head: The record's first bytes (up to 1024; enough for its marker and token), when it is a string.
+        now_ms: The server's clock (TIME, in ms), which an at-most-once record's lease deadline
+            is read against; ``None`` reads such a record as in flight.
     """
     if kind == "none":
         return None  # expired or forgotten since SCAN named it
@@ -149,8 +162,42 @@ def classify(key: str, kind: str, pttl: int, head: bytes | None) -> Entry | None
                 "ResultLostError",
             )
         return Entry("done", key, _left(pttl), owner_part(token), _NO_TTL if pttl == -1 else "")
+    held = _HELD.match(head)
+    if held is not None:
+        return held_entry(key, pttl, held, now_ms)
     return Entry(
         "in-flight", key, _left(pttl), owner_part(head), _NO_TTL + ", so it never frees itself" if pttl == -1 else ""
+    )
+
+
+def claimed_at(ms: int) -> str:
+    """When an at-most-once attempt claimed its key (server clock, ms), as UTC text."""
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def held_parts(value: bytes) -> tuple[int, int, bytes] | None:
+    """(deadline_ms, claimed_ms, token) of an at-most-once record ``held <deadline> <claimed> <token>``, or None."""
+    held = _HELD.match(value)
+    return None if held is None else (int(held.group(1)), int(held.group(2)), held.group(3))
+
+
+def held_entry(key: str, pttl: int, held: re.Match[bytes], now_ms: int | None) -> Entry:
+    """An at-most-once record: in flight until its lease deadline, interrupted once it passed (server clock)."""
+    deadline, claimed, token = int(held.group(1)), int(held.group(2)), held.group(3)
+    since = f"claimed {claimed_at(claimed)}"
+    if now_ms is None:
+        note = f"at most once, {since}; in flight or interrupted cannot be told: this user may not run TIME"
+        return Entry("in-flight", key, None, owner_part(token), note)
+    if deadline > now_ms:
+        return Entry("in-flight", key, deadline - now_ms, owner_part(token), f"at most once, {since}")
+    return Entry(
+        "interrupted",
+        key,
+        _left(pttl),
+        owner_part(token),
+        f"at most once, {since}: its lease ended {(now_ms - deadline) / 1000:.1f} s ago without a result; acquire() "
+        "raises InterruptedWorkError and nothing runs it again until `goblin-claim forget` or the TTL ends",
+        "InterruptedWorkError",
     )
 
 
@@ -186,17 +233,22 @@ def _wrong_type(reply: object) -> bool:
     return isinstance(reply, RESPONSE_ERRORS) and str(reply).startswith("WRONGTYPE")
 
 
-def _read_records(conn: Any, prefix: bytes, tags: Sequence[bytes]) -> list[tuple[str, int, bytes | None] | None]:
-    """TYPE, PTTL and head (GETRANGE) of each tag's record: one round trip for the batch.
+def _read_records(
+    conn: Any, prefix: bytes, tags: Sequence[bytes]
+) -> tuple[list[tuple[str, int, bytes | None] | None], int | None]:
+    """TYPE, PTTL and head (GETRANGE) of each tag's record, and the node's clock (TIME): one round trip for the batch.
 
     Pipelined without MULTI (a node's keys span many slots, and a cluster refuses
     cross-slot transactions), so the head is read again after the TTL: a reading is
     kept only when both heads agree, which rules out a complete(), forget(), expiry
     or new claim landing between them (a record names its token, and a token is
-    unique to its owner). ``None`` for a record that changed on every read.
+    unique to its owner). ``None`` for a record that changed on every read. The clock,
+    in ms, is the one an at-most-once record's deadline was written by (``None`` when the
+    user may not run TIME).
     """
     readings: dict[bytes, tuple[str, int, bytes | None] | None] = dict.fromkeys(tags)
     pending = list(tags)
+    now_ms: int | None = None
     for _ in range(_READS):
         if not pending:
             break
@@ -207,7 +259,10 @@ def _read_records(conn: Any, prefix: bytes, tags: Sequence[bytes]) -> list[tuple
             pipe.getrange(name, 0, _HEAD - 1)
             pipe.pttl(name)
             pipe.getrange(name, 0, _HEAD - 1)
+        pipe.time()
         replies = pipe.execute(raise_on_error=False)
+        clock = replies.pop()  # NOPERM on TIME: at-most-once records read in flight, with a note
+        now_ms = None if isinstance(clock, Exception) else int(clock[0]) * 1000 + int(clock[1]) // 1000
         changed = []
         for index, tag in enumerate(pending):
             kind, before, pttl, after = replies[4 * index : 4 * index + 4]
@@ -230,7 +285,7 @@ def _read_records(conn: Any, prefix: bytes, tags: Sequence[bytes]) -> list[tuple
             else:
                 changed.append(tag)
         pending = changed
-    return [readings[tag] for tag in tags]
+    return [readings[tag] for tag in tags], now_ms
 
 
 def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry]:
@@ -245,8 +300,8 @@ def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry
             yield Entry("odd", printable(name), note="a key under the namespace that goblin-claim does not write")
             continue
         tag, suffix = parsed
-        if suffix in (_FENCE, _TASK):
-            continue  # a fence counter or Celery's marker: beside the record by design, which speaks for them
+        if suffix in _BESIDE:
+            continue  # a fence counter, Celery's marker, a checkpoint: beside the record by design
         if suffix:
             legacy.append((name, tag, suffix))
         else:
@@ -259,12 +314,13 @@ def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry
             entry = legacy_entry(name, tag, suffix, int(pttl))
             if entry is not None:
                 yield entry
-    for tag, reading in zip(tags, _read_records(conn, prefix, list(tags)), strict=True):
+    readings, now_ms = _read_records(conn, prefix, list(tags)) if tags else ([], None)
+    for tag, reading in zip(tags, readings, strict=True):
         key = key_of(tag)
         if reading is None:
             yield Entry("odd", key, note="it changed on every read (busy): look again with inspect")
             continue
-        entry = classify(key, *reading)
+        entry = classify(key, *reading, now_ms)
         if entry is not None:
             yield entry
 
@@ -339,7 +395,7 @@ def namespaces(client: Client, cluster: bool, batch: int = DEFAULT_BATCH) -> dic
 
     One SCAN MATCH ``*:{*`` walk of every primary, names only (nothing is read): a key
     counts as ``scan`` lists it (a record, or an older release's claim or result key;
-    not a fence counter or Celery's marker), so a namespace whose records are gone but
+    not a fence counter, Celery's marker or a checkpoint), so a namespace whose records are gone but
     a fence counter is left shows 0. Another application's keys named ``<x>:{<y>}``
     look the same and are counted too: ``scan --namespace`` reads them.
     """
@@ -353,7 +409,7 @@ def namespaces(client: Client, cluster: bool, batch: int = DEFAULT_BATCH) -> dic
                 parsed = parse_name(name, name[: cut + 2]) if cut > 0 and b"{" not in name[:cut] else None
                 if parsed is not None:
                     space = printable(name[:cut])
-                    found[space] = found.get(space, 0) + (parsed[1] not in (_FENCE, _TASK))
+                    found[space] = found.get(space, 0) + (parsed[1] not in _BESIDE)
             if int(cursor) == 0:
                 break
     return dict(sorted(found.items()))

@@ -4,14 +4,23 @@ Of the two flavours the asyncio one is written, the sync one generated from it (
 Every decision lives in ``plan._Spec``::
 
     acquire ──Claimed──────────────────────────────► run (lease kept alive) ─► store
-       │                                                 └─ raised: release (or store a replayable error)
+       │                                                 ├─ raised: release (or store a replayable error);
+       │                                                 │  at_most_once and stopped from outside: kept
+       │                                                 └─ claim lost: stopped, ClaimLostError, nothing stored
        ├─Completed──► decode: value, stored error, or PayloadMismatchError
-       └─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
+       ├─InFlight───► compare fingerprints (from the claim's reply) ─► wait ─► Completed / Claimed (lease lapsed)
+       └─unreachable► ConnectionFailedError; with fail_open: run unclaimed, nothing stored
 
 Interrupted anywhere (a task's cancellation, a ``KeyboardInterrupt``), the flow
 leaves no key claimed by nobody: a claim that may have been taken is given back,
 and once the function has returned its result is stored before the interruption
-goes on (``to_the_end``).
+goes on (``to_the_end``). Under ``at_most_once`` a function stopped mid-work keeps
+its attempt instead (what it did is unknown): the key reads as interrupted once its
+lease ends.
+
+While the function runs, ``current_claim()`` names its handle. Under a keep-alive a
+coroutine function is cancelled when the claim is lost (``until_lost``), and its caller
+gets ``ClaimLostError``; a plain function asks, with ``current_claim().ensure_held()``.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _events
 from .._clients.transport import to_the_end_async
+from .._drivers._aio_primitives import until_lost
 from .._drivers.aio import AsyncClaim, write_through
 from .._errors import (
     ClaimLostError,
@@ -32,6 +42,7 @@ from .._errors import (
 )
 from .._handle import Stored
 from .._outcomes import Completed, InFlight
+from .current import CURRENT
 
 if TYPE_CHECKING:
     from .._drivers.keepalive import AsyncKeepAlive
@@ -62,8 +73,13 @@ async def _flow(
     keeper: AsyncKeepAlive | None = None
     try:
         try:
-            # Unobserved, a completed record comes back bare: its value, no Completed to build.
-            outcome = await claim._acquire(None, op is None)
+            try:
+                # Unobserved, a completed record comes back bare: its value, no Completed to build.
+                outcome = await claim._acquire(None, op is None)
+            except ConnectionFailedError as exc:  # ServerUnavailableError included
+                if not spec.fail_open:
+                    raise
+                return await _unclaimed(spec, args, kwargs, claim, op, exc)
             if op is not None:
                 op.note(outcome)
             if isinstance(outcome, InFlight):
@@ -90,11 +106,25 @@ async def _flow(
                 # The function has not run: nothing to store, and the claim goes back.
                 await _release_quietly(claim)
                 raise
+        running = CURRENT.set(claim)  # current_claim(), while the function runs
         try:
-            result = await spec.func(*args, **kwargs)
+            result = await until_lost(keeper, spec.func(*args, **kwargs))
         except BaseException as exc:  # cancellation included: a retry must not wait for the lease
+            CURRENT.reset(running)
             if keeper is not None:
                 keeper._end()
+            if isinstance(exc, ClaimLostError) and _lost(claim):
+                # Stopped by the loss (cancelled, or its own ensure_held() raised): the claim
+                # is not this call's to store under or to give back.
+                if op is not None:
+                    op.settle("lease_lost")
+                raise
+            if spec.at_most_once and not isinstance(exc, Exception):
+                # Stopped from outside mid-work (a cancellation, SystemExit, KeyboardInterrupt): what it
+                # did is unknown, so its attempt stands, and reads as interrupted once its lease ends.
+                if op is not None:
+                    op.settle("interrupted")
+                raise
             if op is not None:  # the function's own error: the call ran (and stored it) or gave the claim back
                 op.settle((op.outcome or "claimed") if isinstance(exc, spec.replay_errors) else "released")
             if isinstance(exc, spec.replay_errors):
@@ -102,11 +132,40 @@ async def _flow(
             else:
                 await _release_quietly(claim)
             raise
+        CURRENT.reset(running)
         # The function has returned: from here an interruption waits for the store.
         return await to_the_end_async(_finish(spec, claim, call, result, keeper))
     finally:
         if keeper is not None:
             keeper._end()
+
+
+def _lost(claim: AsyncClaim) -> bool:
+    """Whether the handle knows its claim is lost, as ``ensure_held()`` tells it (no round trip)."""
+    try:
+        claim.ensure_held()
+    except ClaimLostError:
+        return True
+    return False
+
+
+async def _unclaimed(
+    spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any], claim: AsyncClaim, op: _events.Op | None,
+    unreachable: ConnectionFailedError,
+) -> Any:  # fmt: skip
+    """Run the function without a claim: the claim could not reach the server, and ``fail_open`` asks for the work.
+
+    Only the claim's own round trip comes here: a server that answered (a stored
+    result, work in flight) always decides, and a wait cut off from the server
+    raises, as someone holds the key. The result goes to the caller and is not
+    stored, as there is no claim to store it under. A claim whose reply was lost
+    may have landed: nothing sends a release to the server just found out of
+    reach, so it frees itself when its lease lapses. It runs inside the handler of
+    ``unreachable``, so that no success path pays for it: an error it raises names
+    ``unreachable`` as its context.
+    """
+    _events.failed_open(_events.CALL_LOG, "call", claim, unreachable, op)
+    return await spec.func(*args, **kwargs)
 
 
 async def _finish(spec: _Spec, claim: AsyncClaim, call: _Call, result: Any, keeper: AsyncKeepAlive | None) -> Any:

@@ -1,8 +1,8 @@
 """``@idempotent``: run a function once per key; duplicates get the first result.
 
-``_Spec`` holds every decision (keys, fingerprints, encoding, what a stored value
-means); the I/O flow is written once, in ``_decorator/sync.py``, and its asyncio
-twin ``_decorator/aio.py`` is generated from it (``tools/gen_async.py``).
+``_Spec`` (``plan.py``) holds every decision (keys, fingerprints, encoding, what a
+stored value means); the I/O flow is written once, in ``_decorator/aio.py``, and its
+sync twin ``_decorator/sync.py`` is generated from it (``tools/unasync.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ def idempotent(
     native: NativeMode = "auto",
     replicas: int = REPLICAS,
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS,
+    fail_open: bool = False,
+    at_most_once: bool = False,
+    checkpoints: bool = False,
 ) -> Decorator:
     """Run the decorated function once per key; every duplicate gets an equal result.
 
@@ -89,6 +92,26 @@ def idempotent(
         replicas: As for ``Claim``: wait for this many replicas to acknowledge the
             claim and the stored result (``NotReplicatedError`` otherwise).
         replica_timeout_ms: How long to wait for them.
+        fail_open: Run the function anyway when the claim's round trip cannot reach
+            the server (``ConnectionFailedError``, ``ServerUnavailableError`` included):
+            its result is returned and not stored, and the guarantee becomes
+            at-least-once while the server is unreachable. Each such run is logged at
+            WARNING and ends in a ``failed_open`` event. A server that answers always
+            wins: a stored result is replayed, work in flight is waited for. Off by
+            default: for work that is harmless to repeat (a cache warm-up, a
+            notification deduplicated downstream), never for payments.
+        at_most_once: Never run the function twice for a key, even after a call that
+            ended without a result: once a caller's lease ends unrenewed (its process
+            crashed or was killed, or Redis was out of reach for the lease), every caller
+            gets ``InterruptedWorkError`` (the holder, when it claimed) until the key is
+            forgotten or ``ttl`` ends. An exception the function raises still gives the
+            claim back, so a retry runs (the exception is its own answer: retry or not as
+            for any failure); a cancellation, ``KeyboardInterrupt`` or ``SystemExit``
+            while it runs keeps it, as a crash would.
+        checkpoints: Let the function save its progress for whoever takes the key over
+            after a crash: ``current_claim().checkpoint(value)`` (bytes or str, at most
+            64 KiB) while it runs, ``current_claim().last_checkpoint`` to resume from
+            (``None`` on a fresh start). A stored result clears it.
 
     Example::
 
@@ -102,13 +125,16 @@ def idempotent(
 
     Not guaranteed: a function whose claim is lost (its lease lapsed without
     renewal and another caller took it) may have run twice; its late result raises
-    ``ClaimLostError`` and is not stored.
+    ``ClaimLostError`` and is not stored. Under the keep-alive an ``async def`` is
+    cancelled once the loss is seen (its caller gets ``ClaimLostError``), and a
+    ``def`` stops where it calls ``current_claim().ensure_held()``. With ``at_most_once`` nobody takes it: its
+    late result is stored, and the callers in between got ``InterruptedWorkError``.
     """
 
     def decorate(func: Callable[..., Any]) -> Any:
         spec = _Spec(
             func, client, key, lease, ttl, wait, namespace, fingerprint, replay_errors, keep_alive, native,
-            replicas, replica_timeout_ms,
+            replicas, replica_timeout_ms, fail_open, at_most_once, checkpoints,
         )  # fmt: skip
         if spec.is_async:
 

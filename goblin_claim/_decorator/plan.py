@@ -26,6 +26,7 @@ from .._errors import (
 from .._handle import HandleT
 from .._protocol.checks import (
     NativeMode,
+    check_flags,
     check_namespace,
     check_native,
     check_replicas,
@@ -97,6 +98,9 @@ class _Spec:
         native: NativeMode,
         replicas: int,
         replica_timeout_ms: int,
+        fail_open: bool,
+        at_most_once: bool,
+        checkpoints: bool,
     ) -> None:
         if not callable(func):
             raise InvalidArgumentTypeError(f"@idempotent decorates a function, not {describe(func)}")
@@ -124,6 +128,11 @@ class _Spec:
         self.keep_alive = keep_alive
         self.native = check_native(native)
         self.replicas, self.replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+        check_flags(fail_open=fail_open, at_most_once=at_most_once, checkpoints=checkpoints)
+        # Read only where the claim's round trip failed to reach the server: no success path tests it.
+        self.fail_open = fail_open
+        self.at_most_once = at_most_once
+        self.checkpoints = checkpoints
         self.codec: Codec[Any] = Codec(_return_type(target, self.name))
 
     def _read_signature(self, func: Callable[..., Any]) -> None:
@@ -250,7 +259,7 @@ class _Spec:
         """The ``Claim`` or ``AsyncClaim`` of one call, from settings checked at decoration."""
         return kind._checked(
             self.client, call.key, self.namespace, call.token or new_token(), self.lease, self.ttl, self.native,
-            self.replicas, self.replica_timeout_ms,
+            self.replicas, self.replica_timeout_ms, self.at_most_once, self.checkpoints,
         )  # fmt: skip
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

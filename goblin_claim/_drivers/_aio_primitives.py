@@ -9,11 +9,24 @@ and its generated twin from there.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
+from .keepalive import AsyncKeepAlive, stop_on_loss
 from .wakeup import async_wakeups as wakeups
 
-__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "sleep", "wakeups"]
+__all__ = [
+    "CANCELLED",
+    "CLIENT_KIND",
+    "OTHER_DOOR",
+    "load_commands",
+    "raise_if_cancelled",
+    "sleep",
+    "until_lost",
+    "wakeups",
+]
+
+T = TypeVar("T")
 
 # What a round trip cut short by the caller raises: an asyncio task's cancellation.
 CANCELLED: tuple[type[BaseException], ...] = (asyncio.CancelledError,)
@@ -38,6 +51,25 @@ async def sleep(woken: asyncio.Event | None, delay: float) -> None:
             waiter.cancel()
 
 
+def raise_if_cancelled() -> None:
+    """Raise the cancellation a round trip swallowed: the task was cancelled and goes on.
+
+    Before Python 3.12, a ``wait_for`` inside the client library (redis-py's send)
+    whose inner read finishes just as the task is cancelled returns, and the
+    cancellation is lost; the task still counts it (``cancelling()``, 3.11+). A loop
+    that polls for seconds asks before it sleeps, so a cancelled ``wait()`` stops.
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
 async def load_commands(cluster: Any) -> None:
     """Load a cluster client's command table: the asyncio client reads it on first use."""
     await cluster.initialize()
+
+
+def until_lost(keeper: AsyncKeepAlive | None, work: Awaitable[T]) -> Awaitable[T]:
+    """``work``, cancelled when ``keeper``'s claim is lost (the caller then gets ``ClaimLostError``)."""
+    return work if keeper is None else stop_on_loss(keeper, work)

@@ -8,11 +8,23 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
+from .keepalive import KeepAlive
 from .wakeup import wakeups
 
-__all__ = ["CANCELLED", "CLIENT_KIND", "OTHER_DOOR", "load_commands", "sleep", "wakeups"]
+__all__ = [
+    "CANCELLED",
+    "CLIENT_KIND",
+    "OTHER_DOOR",
+    "load_commands",
+    "raise_if_cancelled",
+    "sleep",
+    "until_lost",
+    "wakeups",
+]
+
+T = TypeVar("T")
 
 # What a round trip cut short by the caller raises: nothing, a thread is not cancelled
 # (a KeyboardInterrupt is the drivers' own to handle, as any BaseException).
@@ -30,5 +42,14 @@ def sleep(woken: threading.Event | None, delay: float) -> None:
         woken.wait(delay)
 
 
+def raise_if_cancelled() -> None:
+    """Nothing to raise: a thread is not cancelled."""
+
+
 def load_commands(cluster: Any) -> None:
     """Load a cluster client's command table: the sync client read it when it was made."""
+
+
+def until_lost(keeper: KeepAlive | None, result: T) -> T:
+    """What the work returned: a thread is not cancelled when its claim is lost; it asks (``ensure_held()``)."""
+    return result

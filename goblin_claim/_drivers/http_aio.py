@@ -10,13 +10,14 @@ import functools
 import logging
 from typing import Any, Literal
 
-from .. import _http
+from .. import _events, _http
 from .._clients.kinds import FACTORY, LazyClient, check_client
 from .._clients.transport import to_the_end_async
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
     GoblinClaimError,
+    InterruptedWorkError,
     NotReplicatedError,
     ResultLostError,
     StillInFlightError,
@@ -45,7 +46,7 @@ class AsyncDoor:
         return AsyncClaim(
             self._client.get(), _http.claim_name(method, path, owner, key), lease=o.lease, ttl=o.ttl,
             namespace=o.namespace, token=_http.claim_token(fp), replicas=o.replicas,
-            replica_timeout_ms=o.replica_timeout_ms,
+            replica_timeout_ms=o.replica_timeout_ms, at_most_once=o.at_most_once,
         )  # fmt: skip
 
 
@@ -54,21 +55,35 @@ class AsyncDoor:
 
 async def open_claim(
     options: Options, claim: AsyncClaim, fp: str, accept_encoding: bytes | None = None
-) -> Answer | None:
+) -> Answer | ConnectionFailedError | None:
     """Claim the key: ``None`` when this request runs, else the answer it gets (a replay or a problem).
+
+    With ``fail_open``, a claim that could not reach the server gives its
+    ``ConnectionFailedError`` back instead of a 503: the request runs without a claim
+    (logged, and the observed request comes to ``failed_open``). A wait that loses
+    the server after ``InFlight`` does not: someone holds the key.
 
     A claim whose round trip was cut short (``CANCELLED``) is given back before the
     interruption goes on.
     """
     try:
-        outcome = await claim.acquire()
+        try:
+            outcome = await claim.acquire()
+        except ConnectionFailedError as exc:  # ServerUnavailableError included
+            if not options.fail_open:
+                raise
+            _events.failed_open(logger, "request", claim, exc, _events.current_request())
+            return exc
         if isinstance(outcome, InFlight):
             answer = _http.in_flight(options, claim._holder, fp)
             if answer is not None:
                 return answer
             outcome = await claim.wait(timeout=options.wait)
-    except StillInFlightError:
-        return _http.problem(409, f"{_http.IN_FLIGHT} (waited {options.wait:g}s)", retry=True)
+    except StillInFlightError as exc:
+        return _http.still_in_flight(options, exc.holder)
+    except InterruptedWorkError as exc:
+        # At most once: the attempt that began ended without a response; nothing runs it again (no Retry-After).
+        return _http.interrupted(options, exc.holder, exc.claimed_at.isoformat(timespec="milliseconds"))
     except ResultLostError:
         return _http.problem(500, _http.RESULT_LOST, code="result-lost")
     except NotReplicatedError:

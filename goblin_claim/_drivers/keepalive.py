@@ -28,6 +28,16 @@ meanwhile. A renewal that finds the claim no longer held also sets ``lost``; a
 transient failure (a dropped connection) is retried sooner than a tick, while
 the lease lasts.
 
+Lost means stopped. The handle's ``ensure_held()`` reads what its keep-alive knows
+(``_not_held``: lost, or past the lease by the clock when the renewer has not run
+in time), with no round trip, for sync work to ask before an irreversible step. An
+asyncio keep-alive armed with a task (``cancel_on_loss``, ``stop_on_loss``: what
+``@idempotent`` and the ASGI door use) cancels it as it marks the claim lost, from
+the renewal that finds it so or from a timer: its own, come late, or its batch's
+give-up at the lease's end (one timer a batch, while the renewal is on the wire).
+Those mark the loss in their own callbacks, so a loop that stalled past the lease
+stops the work before its next step runs.
+
 A sync lane stuck on a dead connection cannot be interrupted (redis-py's
 default ``socket_timeout`` is ``None``); once it has cost a claim its lease, the
 lane is set aside and the next renewals of its client go out on a new lane and
@@ -53,18 +63,26 @@ import heapq
 import itertools
 import math
 import os
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Union
+from typing import TYPE_CHECKING, Any, Final, TypeVar, Union
 
 from .. import _events
 from .._clients.errors import failed, failed_async, translate
 from .._clients.families import ASYNC_CLUSTERS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
 from .._clients.transport import state_of
-from .._errors import ClaimLostError, GoblinClaimError, ServerUnavailableError
+from .._errors import (
+    ClaimLostError,
+    GoblinClaimError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ServerUnavailableError,
+)
+from .._protocol.checks import describe
 from .._protocol.refusals import is_out_of_memory, owner_check_unusable
 from .._protocol.scripts import SET_IFEQ, Script, owner_check, owner_check_command, script_command
 from .._protocol.timing import lease_margin, renew_interval, retry_delay
@@ -85,6 +103,7 @@ if TYPE_CHECKING:
         _client: Any
         _native: Any
         _mine_until: float
+        _keeper: Any
 
         @property
         def _extend_script(self) -> Script: ...
@@ -104,7 +123,9 @@ if TYPE_CHECKING:
     # What one renewal came to: renewed (True), not held (False), or a failure.
     Outcome = Union[bool, GoblinClaimError]  # noqa: UP007 -- a run-time alias on 3.10
 
-__all__ = ["COALESCE", "AsyncKeepAlive", "KeepAlive", "lease_left", "lease_margin", "retry_delay"]
+__all__ = ["COALESCE", "AsyncKeepAlive", "KeepAlive", "lease_left", "lease_margin", "retry_delay", "stop_on_loss"]
+
+T = TypeVar("T")
 
 # Renewals due within this many seconds of each other go out together: a claim
 # may be renewed this much early, so claims that entered at different moments
@@ -113,6 +134,10 @@ __all__ = ["COALESCE", "AsyncKeepAlive", "KeepAlive", "lease_left", "lease_margi
 COALESCE: Final = 0.02
 # A lane thread with nothing to send for this long ends (a new one is made on demand).
 _IDLE: Final = 10.0
+# Why a keep-alive marked its claim lost, as ``ensure_held()`` and a stopped call's error say it.
+GONE: Final = "a renewal found it gone (expired, deleted, or held by another token)"
+LAPSED: Final = "no renewal succeeded before the lease ran out"
+OVER: Final = "the lease is over by this handle's own clock (no renewal came in time: the process or its loop stalled)"
 
 
 def _renewed(claims: Sequence[Renewable | AsyncRenewable]) -> list[tuple[str | bytes | int, ...]]:
@@ -195,11 +220,35 @@ class _Renewal:
         if _events.enabled:
             self._context = _events.owner()
             _events.track(self)
+        self._why = ""  # why the claim was lost, once ``lost``
 
     @property
     def _margin(self) -> float:
         """How long before the lease's estimated lapse a renewal is given up (read when renewing only)."""
         return lease_margin(self._lease)
+
+    def _lapsed(self) -> str:
+        """Why a claim whose renewals never succeeded in time is lost: the last failure, if any."""
+        return LAPSED if self._error is None else f"{LAPSED} (last failure: {self._error})"
+
+    def _now(self) -> float:
+        """The clock ``_deadline`` is on."""
+        return time.monotonic()
+
+    def _not_held(self, mine_until: float) -> str | None:
+        """Why the claim is not held, by what this keep-alive knows (no round trip); ``None`` while it is.
+
+        Lost (a renewal found it gone, or none succeeded in time), or past the lease
+        the last successful renewal (or the claim) began, by the clock: a renewer that
+        did not run in time (a frozen process, a stalled event loop) has not marked it
+        yet. The handle's own clock (``mine_until``, monotonic) counts too, for an
+        ``extend()`` sent meanwhile.
+        """
+        if self.lost:
+            return self._why
+        if self._now() < self._deadline or time.monotonic() < mine_until:
+            return None
+        return OVER
 
 
 def lease_left(claim: Renewable | AsyncRenewable) -> float:
@@ -218,7 +267,16 @@ def lease_left(claim: Renewable | AsyncRenewable) -> float:
 class KeepAlive(_Renewal):
     """Renews a ``Claim``'s lease from the process's renewer while the ``with`` block runs."""
 
-    def __init__(self, claim: Renewable, interval: float | None = None) -> None:
+    def __init__(self, claim: Renewable, interval: float | None = None, cancel_on_loss: bool = False) -> None:
+        if type(cancel_on_loss) is not bool:
+            raise InvalidArgumentTypeError(f"cancel_on_loss must be True or False, not {describe(cancel_on_loss)}")
+        if cancel_on_loss:
+            # A thread cannot be cancelled from outside: the work asks instead.
+            raise InvalidArgumentError(
+                "cancel_on_loss=True is for an asyncio handle's keep-alive (a task can be cancelled, a thread "
+                "cannot): call claim.ensure_held() before each step that must not run without the claim",
+                key=claim.key,
+            )
         super().__init__(claim, interval)
         self._claim = claim
         self._number = -1
@@ -243,6 +301,7 @@ class KeepAlive(_Renewal):
         """Start renewing (once), counting a renewal that finds another holder as lost."""
         if self._number < 0:
             _RENEWER.add(self)
+            self._claim._keeper = self  # what its ensure_held() goes by
 
     def _end(self) -> None:
         """Stop renewing; harmless when never begun or already ended (a lost claim is)."""
@@ -470,7 +529,7 @@ class _Renewer:
 
     def _give_up(self, keeper: KeepAlive) -> None:
         """The lease lapsed while ``keeper``'s renewal was still out: lost (lock held)."""
-        self._lose(keeper)
+        self._lose(keeper, keeper._lapsed())
         lane = keeper._wire
         if lane is not None and not lane.retired and lane.key not in self._stuck:
             # Stuck on the wire for a whole lease: later renewals take a new connection.
@@ -529,24 +588,25 @@ class _Renewer:
             if _events.enabled:
                 _events.renewal(keeper._claim, "claimed", now - sent_at, keeper._context, None)
         elif outcome is False:
-            self._lose(keeper)
+            self._lose(keeper, GONE)
         else:
             keeper._error = outcome
             left = keeper._deadline - keeper._margin - now
             if left <= 0:
-                self._lose(keeper)  # failed until the lease ran out
+                self._lose(keeper, keeper._lapsed())  # failed until the lease ran out
             else:
                 self._push(keeper, now + retry_delay(keeper.interval, left))
                 _events.renewal(keeper._claim, "unavailable", now - sent_at, keeper._context, outcome)
 
-    def _lose(self, keeper: KeepAlive) -> None:
-        """Mark ``keeper`` lost and renew it no more (lock held).
+    def _lose(self, keeper: KeepAlive, why: str) -> None:
+        """Mark ``keeper`` lost (``why``) and renew it no more (lock held).
 
         The event goes out first: whoever sees ``lost`` finds the loss already reported.
         """
         keeper._stopped = True
         self._live.pop(keeper._number, None)
         _events.renewal(keeper._claim, "lease_lost", None, keeper._context, keeper._error)
+        keeper._why = why
         keeper.lost = True
 
 
@@ -574,8 +634,38 @@ class _AsyncBatch:
         self.keepers = keepers
         self.members = set(keepers)  # those still waiting for it
         self.task: asyncio.Task[None] | None = None
+        self.guard: asyncio.TimerHandle | None = None  # the give-up at the earliest lease's end
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send it, and give each renewal up on time at its lease's end whatever the send does meanwhile.
+
+        One timer for the batch, at the earliest lease's end: it marks lost, in the
+        timer's own callback, those past theirs, so a loop that comes back from a stall
+        runs it before the work's next step (the send's own timeout takes a turn more).
+        """
+        self.task = loop.create_task(self.run(loop), name=f"goblin-claim renewal of {len(self.keepers)} claims")
+        self._guard_next(loop)
+
+    def _guard_next(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiting = [k._deadline - k._margin for k in self.keepers if k._batch is self and not k._stopped]
+        self.guard = loop.call_at(min(waiting), self._give_up, loop) if waiting else None
+
+    def _give_up(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for keeper in self.keepers:
+            if keeper._batch is self and not keeper._stopped and now >= keeper._deadline - keeper._margin:
+                keeper._lose(keeper._lapsed(), None)
+        self._guard_next(loop)
 
     async def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await self._run(loop)
+        finally:
+            if self.guard is not None:
+                self.guard.cancel()
+                self.guard = None
+
+    async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         keepers = [k for k in self.keepers if not k._stopped]
         for keeper in [k for k in keepers if now >= k._deadline - k._margin]:
@@ -678,9 +768,9 @@ class _AsyncLanes:
         if not keepers:
             return
         batch = _AsyncBatch(keepers)
-        batch.task = loop.create_task(batch.run(loop), name=f"goblin-claim renewal of {len(keepers)} claims")
         for keeper in keepers:
             keeper._batch = batch
+        batch.start(loop)
 
 
 _ASYNC_LANES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncLanes] = weakref.WeakKeyDictionary()
@@ -702,29 +792,52 @@ def _on_grid(at: float) -> float:
 
 
 class AsyncKeepAlive(_Renewal):
-    """Renews an ``AsyncClaim``'s lease from its event loop while the ``async with`` block runs."""
+    """Renews an ``AsyncClaim``'s lease from its event loop while the ``async with`` block runs.
 
-    def __init__(self, claim: AsyncRenewable, interval: float | None = None) -> None:
+    With ``cancel_on_loss``, a loss cancels the task running the block, which then
+    raises ``ClaimLostError`` instead of the ``CancelledError`` (``stop_on_loss`` does
+    the same for one awaitable, telling a loss from an outside cancellation on every
+    Python: see there).
+    """
+
+    def __init__(self, claim: AsyncRenewable, interval: float | None = None, cancel_on_loss: bool = False) -> None:
+        if type(cancel_on_loss) is not bool:
+            raise InvalidArgumentTypeError(f"cancel_on_loss must be True or False, not {describe(cancel_on_loss)}")
         super().__init__(claim, interval)
         self._claim = claim
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the next renewal's
         self._batch: _AsyncBatch | None = None
         self._cancelled: asyncio.Task[None] | None = None  # a batch task this keep-alive ended
+        self._cancel_on_loss = cancel_on_loss
+        # The task a loss cancels while the work runs (armed), its count of cancellation
+        # requests then (3.11+), and whether a loss cancelled it.
+        self._work: asyncio.Task[Any] | None = None
+        self._counted = 0
+        self._sent = False
+        # The work was stopped by a loss: its caller was given ClaimLostError for the CancelledError.
+        self._stopped_work = False
 
     async def __aenter__(self) -> AsyncKeepAlive:
         self._begin()
+        if self._cancel_on_loss:
+            task = asyncio.current_task()
+            if task is not None:
+                self._arm(task)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._end()
+        stopped = self._disarm(exc) if self._cancel_on_loss else None
         task = self._cancelled
         if task is not None and not task.done():
             # gather() reports the renewal's own cancellation as a value, while a
             # cancellation of the task running this block still propagates.
             await asyncio.gather(task, return_exceptions=True)
+        if stopped is not None:
+            raise stopped from exc
 
     def _begin(self) -> None:
         """Start renewing, once; runs in the event loop's thread."""
@@ -733,6 +846,7 @@ class AsyncKeepAlive(_Renewal):
             now = loop.time()
             self._deadline = now + lease_left(self._claim)  # the loop's clock need not be the monotonic one
             self._timer = loop.call_at(_on_grid(now + self.interval), self._due)
+            self._claim._keeper = self  # what its ensure_held() goes by
 
     def _end(self) -> None:
         """Stop renewing without waiting; a renewal on the wire for this claim alone is cancelled."""
@@ -747,11 +861,22 @@ class AsyncKeepAlive(_Renewal):
                 task.cancel()  # redis-py drops the connection of a cancelled read
                 self._cancelled = task
 
+    def _now(self) -> float:
+        loop = self._loop
+        return time.monotonic() if loop is None else loop.time()
+
     def _due(self) -> None:
-        assert self._loop is not None
+        loop = self._loop
+        assert loop is not None
         self._timer = None
-        if not self._stopped:
-            _async_lanes(self._loop).due(self, self._loop)
+        if self._stopped:
+            return
+        if loop.time() >= self._deadline - self._margin:
+            # Come too late to renew in (the loop stalled, the process was frozen): lost now,
+            # before the work's own callbacks of this turn run on.
+            self._lose(self._lapsed(), None)
+            return
+        _async_lanes(loop).due(self, loop)  # its batch gives it up on time at the lease's end
 
     def _settle(self, outcome: Outcome | None, sent_at: float, now: float) -> None:
         """Act on one renewal's outcome; ``None``: given up, the lease left ran out."""
@@ -765,19 +890,135 @@ class AsyncKeepAlive(_Renewal):
             if _events.enabled:
                 _events.renewal(self._claim, "claimed", now - sent_at, self._context, None)
         elif outcome is False:
-            self.lost = True
-            self._stopped = True
-            _events.renewal(self._claim, "lease_lost", now - sent_at, self._context, None)
+            self._lose(GONE, now - sent_at)
             return
         else:
             if outcome is not None:
                 self._error = outcome
             left = self._deadline - self._margin - now
             if left <= 0:
-                self.lost = True
-                self._stopped = True
-                _events.renewal(self._claim, "lease_lost", None, self._context, self._error)
+                self._lose(self._lapsed(), None)
                 return
             at = now + retry_delay(self.interval, left)
             _events.renewal(self._claim, "unavailable", now - sent_at, self._context, self._error)
         self._timer = self._loop.call_at(_on_grid(at), self._due)
+
+    def _lose(self, why: str, duration: float | None) -> None:
+        """Mark the claim lost (``why``), renew it no more, and cancel the work armed, if any.
+
+        The event goes out first: whoever sees ``lost`` finds the loss already reported.
+        """
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # A renewal that found the claim gone reports no error; one given up, its last failure.
+        _events.renewal(self._claim, "lease_lost", duration, self._context, None if why is GONE else self._error)
+        self._why = why
+        self.lost = True
+        self._cancel_work()
+
+    # -- stopping the work
+
+    def _arm(self, task: asyncio.Task[Any]) -> None:
+        """From now on a loss cancels ``task`` (once)."""
+        self._work = task
+        if sys.version_info >= (3, 11):  # its count of cancellation requests (see stop_on_loss)
+            self._counted = task.cancelling()
+        self._sent = False
+        if self.lost:
+            self._cancel_work()
+
+    def _cancel_work(self) -> None:
+        task = self._work
+        if task is not None and not self._sent and not task.done():
+            self._sent = True
+            task.cancel()
+
+    def _disarm(self, exc: BaseException | None) -> ClaimLostError | None:
+        """The work ended (raising ``exc``, or not): a loss cancels nothing more.
+
+        Returns the error its caller gets instead of ``exc`` when a loss stopped it:
+        ``None`` when no loss cancelled it, when it ended as if nothing happened (it
+        caught the cancellation), or when a cancellation from outside came too, which
+        wins (Python 3.11+: the task's count of requests, less this one, shows it;
+        3.10 cannot tell within one loop turn, see ``stop_on_loss``).
+        """
+        task, sent = self._work, self._sent
+        self._work, self._sent = None, False
+        if task is None or not sent:
+            return None
+        if sys.version_info >= (3, 11):
+            task.uncancel()
+            if task.cancelling() > self._counted:
+                return None
+        if exc is None:
+            return None
+        self._stopped_work = True
+        claim = self._claim
+        return ClaimLostError(
+            f"the work on {claim.key!r} was cancelled, token {claim.token!r} having lost its claim: {self._why}",
+            key=claim.key,
+        )
+
+
+async def stop_on_loss(keeper: AsyncKeepAlive, work: Awaitable[T]) -> T:
+    """Await ``work`` while ``keeper`` renews its claim: a loss cancels it, and raises ``ClaimLostError``.
+
+    The work sees ``CancelledError`` at the await it is suspended in; the caller gets
+    ``ClaimLostError`` (``keeper._stopped_work`` says so). A cancellation from outside
+    stays ``CancelledError``, also one that comes in the same loop turn as the loss:
+    it wins. On Python 3.11+ the work runs in the caller's task, whose count of
+    cancellation requests tells the two apart. Python 3.10 has no such count (two
+    requests made before the task runs again reach it as one ``CancelledError``), so
+    there the work runs in a task of its own, which only the loss cancels.
+    """
+    if sys.version_info < (3, 11):
+        return await _in_a_task_of_its_own(keeper, work)
+    task = asyncio.current_task()
+    assert task is not None
+    keeper._arm(task)
+    try:
+        result = await work
+    except BaseException as exc:
+        stopped = keeper._disarm(exc)
+        if stopped is None:
+            raise
+        raise stopped from exc
+    keeper._disarm(None)
+    return result
+
+
+async def _in_a_task_of_its_own(keeper: AsyncKeepAlive, work: Awaitable[T]) -> T:
+    """``stop_on_loss`` on Python 3.10: the work in a task a loss cancels, the caller's cancellation kept apart.
+
+    The task is made here, so it sees the caller's context variables (a copy, as
+    every task does).
+    """
+    child = asyncio.ensure_future(work)
+    keeper._arm(child)
+    outside: asyncio.CancelledError | None = None
+    while not child.done():
+        try:
+            await asyncio.wait((child,))
+        except asyncio.CancelledError as exc:
+            outside = exc  # the caller is cancelled: so is the work, waited for to its end
+            child.cancel()
+    try:
+        result = child.result()
+    except BaseException as exc:  # its own error, or its cancellation
+        if outside is not None:
+            keeper._disarm(None)
+            raise outside from None
+        stopped = keeper._disarm(exc)
+        if stopped is not None:
+            raise stopped from exc
+        raise  # its own error, or a cancellation by someone else (itself): as in the caller's own task
+    keeper._disarm(None)
+    if outside is not None:
+        # The work returned as its caller was cancelled: the result goes on to be kept, and the
+        # cancellation is delivered again at the caller's next await, as in the caller's own task.
+        current = asyncio.current_task()
+        assert current is not None
+        current.cancel()
+    return result

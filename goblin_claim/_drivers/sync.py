@@ -71,7 +71,7 @@ from .._protocol.scripts import (
     script_command,
 )
 from .._protocol.timing import WaitSchedule
-from ._sync_primitives import load_commands, sleep, wakeups
+from ._sync_primitives import load_commands, raise_if_cancelled, sleep, wakeups
 from .keepalive import KeepAlive
 from .wakeup import wake_kind
 
@@ -589,6 +589,7 @@ class Claim(ClaimBase["SyncClient"]):
                     delay = schedule.next_delay(time.monotonic(), self._lapse_ms)
                     if delay is None:
                         raise failure or schedule.expired(holder_name(self._holder))
+                    raise_if_cancelled()
                     sleep(woken, delay)
                     if _events.enabled:
                         _events.notice(self, "wake", "push" if woken is not None and woken.is_set() else "poll")
@@ -607,14 +608,24 @@ class Claim(ClaimBase["SyncClient"]):
                 self._give_back()
             raise
 
-    def keep_alive(self, interval: float | None = None) -> KeepAlive:
+    def keep_alive(self, interval: float | None = None, *, cancel_on_loss: bool = False) -> KeepAlive:
         """Renew the lease in the background while a block runs.
 
         Renews every ``interval`` seconds (default: a third of the lease) from a
         task (a daemon thread for a sync client), and stops when the block exits.
-        A renewal that finds the claim lost stops and sets ``lost``; ``complete()``
-        then raises ``ClaimLostError`` and writes nothing (with ``fencing=True`` it
-        stores the result if nobody claimed the key since).
+        A renewal that finds the claim lost stops and sets ``lost``; so does a lease
+        that ends with no renewal succeeding. ``complete()`` then raises
+        ``ClaimLostError`` and writes nothing (with ``fencing=True`` it stores the
+        result if nobody claimed the key since), and ``ensure_held()`` raises it at
+        once, with no round trip.
+
+        ``cancel_on_loss=True`` (for asyncio handles: a thread cannot be cancelled, so
+        ``Claim`` refuses it and its work calls ``ensure_held()`` instead) cancels the
+        task running the block when the claim is lost: the block's work sees
+        ``CancelledError`` at its next await, and the block raises ``ClaimLostError``
+        in its place. A cancellation from outside stays ``CancelledError``; on Python
+        3.10 one that comes in the same loop turn as the loss cannot be told from it.
+        Off by default: the block then runs on, and ``lost`` says what happened.
 
         Example::
 
@@ -622,7 +633,7 @@ class Claim(ClaimBase["SyncClient"]):
                 result = long_work()
             claim.complete(result)
         """
-        return KeepAlive(self, interval)
+        return KeepAlive(self, interval, cancel_on_loss)
 
     def _peek(self) -> object:
         """What claim.lua would answer without claiming: the stored value, else the holder.

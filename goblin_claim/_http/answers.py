@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Final
@@ -37,6 +38,11 @@ ABANDONED: Final = (
     "a request with this idempotency key started running but ended without a whole response, so whether it took "
     "effect is unknown; it is not run again: check the outcome, or use a new key to run it again"
 )
+INTERRUPTED: Final = (
+    "a request with this idempotency key started running under at-most-once and ended without a response (its "
+    "worker stopped, or lost the key), so whether it took effect is unknown; it is not run again, and retrying will "
+    "not help: check the outcome, then use a new key to run it again, or ask the operator to reopen this one"
+)
 RESULT_LOST: Final = (
     "the first request with this idempotency key completed, but its stored response is missing; "
     "an operator can reopen the key"
@@ -47,22 +53,32 @@ NO_OWNER: Final = (
 )
 
 
+# A problem type's own title, where it has a type of its own (problem_docs): about:blank's is the status phrase.
+_TITLES: Final = {"interrupted": "Interrupted request"}
+# The members every problem has; any other is an extension member (RFC 9457 section 3.2).
+_MEMBERS: Final = frozenset({"type", "title", "status", "detail"})
+
 _CODES: Final = {
     400: "key-invalid", 403: "no-owner", 409: "in-flight", 413: "body-too-large", 422: "key-reused",
     500: "result-unreadable", 503: "store-unavailable",
 }  # fmt: skip
 
 
-def problem(status: int, detail: str, *, retry: bool = False, code: str = "", docs: str | None = None) -> Answer:
+def problem(
+    status: int, detail: str, *, retry: bool = False, code: str = "", docs: str | None = None,
+    extra: Mapping[str, object] | None = None,
+) -> Answer:  # fmt: skip
     """An RFC 9457 problem: ``application/problem+json`` with type, title, status and detail.
 
-    ``type`` is ``about:blank``, or ``<docs>#<code>`` with a documentation link
-    (the Idempotency-Key draft's SHOULD): one anchor per kind of problem.
+    ``type`` is ``about:blank`` (its title the status phrase), or ``<docs>#<code>`` with a
+    documentation link (the Idempotency-Key draft's SHOULD): one anchor per kind of
+    problem, and its own title where it has one. ``extra``: extension members.
     """
     code = code or _CODES.get(status, "error")
-    title = HTTPStatus(status).phrase
+    title = _TITLES.get(code, HTTPStatus(status).phrase) if docs else HTTPStatus(status).phrase
     kind = f"{docs}#{code}" if docs else "about:blank"
-    body = json.dumps({"type": kind, "title": title, "status": status, "detail": detail}).encode()
+    members = {"type": kind, "title": title, "status": status, "detail": detail}
+    body = json.dumps({**members, **extra} if extra else members).encode()
     headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
     if retry:
         headers.append((b"retry-after", RETRY_AFTER))
@@ -73,6 +89,7 @@ def documented(answer: Answer, docs: str | None) -> Answer:
     """``answer`` with its problem ``type`` linking to ``docs`` (a replay, or no link, is unchanged)."""
     if not docs or not answer.code:
         return answer
-    detail = json.loads(answer.body)["detail"]
+    body = json.loads(answer.body)
+    extra = {name: value for name, value in body.items() if name not in _MEMBERS}
     retry = any(name == b"retry-after" for name, _ in answer.headers)
-    return problem(answer.status, detail, retry=retry, code=answer.code, docs=docs)
+    return problem(answer.status, body["detail"], retry=retry, code=answer.code, docs=docs, extra=extra)

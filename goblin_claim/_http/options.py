@@ -11,7 +11,7 @@ from typing import Any, Final, Literal, cast
 
 from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
 from .._errors import InvalidArgumentError, InvalidArgumentTypeError
-from .._protocol.checks import check_namespace, check_replicas, check_seconds, check_timeout, describe
+from .._protocol.checks import check_flags, check_namespace, check_replicas, check_seconds, check_timeout, describe
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 # RFC 9110 section 7.6.1, plus the pre-standard ones proxies still send.
@@ -92,6 +92,9 @@ class Options:
     routes: tuple[tuple[re.Pattern[str], KeyRule], ...] | Callable[[Any], object] = ()
     replicas: int = REPLICAS
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS
+    fail_open: bool = False
+    at_most_once: bool = False
+    expose_holder: bool = False
 
     @property
     def header_name(self) -> bytes:
@@ -142,6 +145,12 @@ class DoorOptions:
     # The failover recipe's client side: a claim and its stored answer acknowledged by replicas (WAIT).
     replicas: int = REPLICAS
     replica_timeout_ms: int = REPLICA_TIMEOUT_MS
+    # Run the app unclaimed when the claim cannot reach the server (at-least-once while it cannot).
+    fail_open: bool = False
+    # A request that began is never run again, even after its worker was killed: an interrupted key is answered 409.
+    at_most_once: bool = False
+    # The holder's token in a 409's problem details (in flight, interrupted): off, as a token may name a worker.
+    expose_holder: bool = False
 
     def over(self, given: Mapping[str, Any]) -> DoorOptions:
         """These options with ``given`` (by name) over them; an unknown name raises ``InvalidArgumentTypeError``."""
@@ -154,9 +163,10 @@ class DoorOptions:
 
     def checked(self) -> Options:
         """Validate the options (every bad one raises a ``GoblinClaimError`` subclass)."""
-        for name in ("required", "shared_scope"):
-            if type(getattr(self, name)) is not bool:
-                raise InvalidArgumentTypeError(f"{name} must be True or False, not {describe(getattr(self, name))}")
+        check_flags(
+            required=self.required, shared_scope=self.shared_scope, fail_open=self.fail_open,
+            at_most_once=self.at_most_once, expose_holder=self.expose_holder,
+        )  # fmt: skip
         header = self.header
         if type(header) is not str or not header or not header.isascii() or not header.replace("-", "").isalnum():
             raise InvalidArgumentError(
@@ -188,6 +198,9 @@ class DoorOptions:
             routes=_check_routes(self.routes),
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
+            fail_open=self.fail_open,
+            at_most_once=self.at_most_once,
+            expose_holder=self.expose_holder,
         )
 
 

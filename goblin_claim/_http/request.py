@@ -12,8 +12,8 @@ from typing import Final
 
 from .._errors import InvalidArgumentTypeError
 from .._protocol.checks import describe
-from .._protocol.record import fingerprinted_token, holder_fp
-from .answers import IN_FLIGHT, MISMATCH, NO_OWNER, Answer, problem
+from .._protocol.record import fingerprinted_token, holder_fp, split_token
+from .answers import IN_FLIGHT, INTERRUPTED, MISMATCH, NO_OWNER, Answer, problem
 from .failures import misconfigured
 from .options import Options
 
@@ -226,8 +226,34 @@ def in_flight(options: Options, holder: object, fp: str) -> Answer | None:
     if holder_fp(holder) not in (None, fp):
         return problem(422, MISMATCH)
     if options.wait == 0:
-        return problem(409, IN_FLIGHT, retry=True)
+        return problem(409, IN_FLIGHT, retry=True, extra=holder_member(options, holder))
     return None
+
+
+def still_in_flight(options: Options, holder: str | None) -> Answer:
+    """The answer to a duplicate whose wait ended with the first request still running."""
+    return problem(409, f"{IN_FLIGHT} (waited {options.wait:g}s)", retry=True, extra=holder_member(options, holder))
+
+
+def interrupted(options: Options, holder: str, claimed_at: str) -> Answer:
+    """The answer to a request whose key's at-most-once attempt ended without a response: no Retry-After.
+
+    ``claimed_at`` (RFC 3339, UTC) says when that attempt began; the holder's token
+    only with ``expose_holder``.
+    """
+    extra = {"claimed_at": claimed_at, **holder_member(options, holder)}
+    return problem(409, INTERRUPTED, code="interrupted", extra=extra)
+
+
+def holder_member(options: Options, holder: object) -> dict[str, str]:
+    """The ``holder`` extension member of a 409 (the holder's token, without its fingerprint), with ``expose_holder``.
+
+    Off by default: a token may name a worker or a request.
+    """
+    if not options.expose_holder or holder is None or holder is False:
+        return {}
+    raw = holder if isinstance(holder, bytes) else str(holder).encode("utf-8", "surrogatepass")
+    return {"holder": split_token(raw)[0].decode("utf-8", "replace")}
 
 
 def too_large_detail(options: Options, size: int | None) -> str:

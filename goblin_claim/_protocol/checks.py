@@ -184,3 +184,19 @@ def check_replicas(replicas: object, timeout_ms: object) -> tuple[int, int]:
         if not low <= value <= MAX_SECONDS:
             raise InvalidArgumentError(f"{name} must be an int from {low} to {MAX_SECONDS}, not {describe(value)}")
     return replicas, timeout_ms  # type: ignore[return-value]  # both checked just above
+
+
+def check_flags(**flags: object) -> None:
+    """Check a door's or the decorator's switches: each ``True`` or ``False``, and no two that contradict.
+
+    ``fail_open`` runs the work unclaimed while the server is out of reach; ``at_most_once``
+    never runs it twice: together they would promise both.
+    """
+    for name, flag in flags.items():
+        if type(flag) is not bool:
+            raise InvalidArgumentTypeError(f"{name} must be True or False, not {describe(flag)}")
+    if flags.get("fail_open") and flags.get("at_most_once"):
+        raise InvalidArgumentError(
+            "fail_open and at_most_once contradict each other: fail_open runs the work unclaimed while the "
+            "server is out of reach, at_most_once never runs it twice; choose one"
+        )

@@ -25,10 +25,10 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "goblin_claim": (
         "AsyncClaim", "Claim", "ClaimLostError", "Claimed", "Completed", "ConnectionFailedError",
         "GoblinClaimError", "InFlight", "InterruptedWorkError", "InvalidArgumentError", "InvalidArgumentTypeError",
-        "NativeUnavailableError", "NotReplicatedError", "Outcome", "PayloadMismatchError", "ReplayedError",
-        "ResultLostError", "ResultNotSerializableError", "ServerError", "ServerUnavailableError",
-        "StillInFlightError", "UnreadableResultError", "WrongTypeError", "add_listener", "idempotent",
-        "remove_listener",
+        "NativeUnavailableError", "NoCurrentClaimError", "NotReplicatedError", "Outcome", "PayloadMismatchError",
+        "ReplayedError", "ResultLostError", "ResultNotSerializableError", "ServerError", "ServerUnavailableError",
+        "StillInFlightError", "UnreadableResultError", "WrongTypeError", "add_listener", "current_claim",
+        "idempotent", "remove_listener",
     ),
     "goblin_claim.asgi": (
         "DEFAULT_NEVER_REPLAYED", "DEFAULT_RELEASE_STATUSES", "DEFAULT_REPLAY_HEADERS", "DEFAULT_STREAM_TYPES",
@@ -53,11 +53,15 @@ PUBLIC: dict[str, tuple[str, ...]] = {
 
 # The loggers users configure, by name (one per concern; the HTTP doors' by door).
 LOGGERS = {
+    "goblin_claim.arq",
     "goblin_claim.asgi",
+    "goblin_claim.celery",
     "goblin_claim.claim",
+    "goblin_claim.dramatiq",
     "goblin_claim.events",
     "goblin_claim.idempotent",
     "goblin_claim.keepalive",
+    "goblin_claim.rq",
     "goblin_claim.server",
     "goblin_claim.wakeup",
     "goblin_claim.wsgi",

@@ -27,7 +27,7 @@ from goblin_claim import (
 from goblin_claim.testing import fake_redis
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "idempotent", "GoblinClaimError",
+PUBLIC = ["Claim", "AsyncClaim", "Claimed", "Completed", "InFlight", "idempotent", "current_claim", "GoblinClaimError",
           "ClaimLostError", "StillInFlightError", "PayloadMismatchError"]  # fmt: skip
 
 
@@ -75,7 +75,8 @@ def test_sync_and_async_handles_mirror_each_other() -> None:
         sync_member, async_member = getattr(Claim, name), getattr(AsyncClaim, name)
         assert _shape(sync_member) == _shape(async_member), name
         assert _doc(sync_member) == _doc(async_member), name
-    for name in sync.keys() - {"from_keys", "keep_alive"}:
+    assert "ensure_held" in sync
+    for name in sync.keys() - {"from_keys", "keep_alive", "ensure_held"}:  # ensure_held: no round trip
         assert inspect.iscoroutinefunction(asyn[name]), name
         assert not inspect.iscoroutinefunction(sync[name]), name
 

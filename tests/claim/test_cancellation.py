@@ -474,3 +474,30 @@ def test_an_async_claim_completed_meanwhile_is_replayed_after_a_cancelled_wait(b
             await client.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(not hasattr(asyncio.Task, "cancelling"), reason="a task counts its cancellations from Python 3.11")
+def test_a_wait_whose_cancellation_a_round_trip_swallowed_stops_at_its_next_poll(backend: Backend) -> None:
+    """Before 3.12 a wait_for in the client library can return and drop the task's cancellation; wait() still stops."""
+
+    async def main() -> None:
+        client = backend.async_()
+        key = unique("swallowed")
+        owner = AsyncClaim(client, key, namespace=NAMESPACE)
+        try:
+            await owner.acquire()
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.sleep(0)  # what the client library's wait_for does: catch it and go on
+            started = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await AsyncClaim(client, key, namespace=NAMESPACE).wait(timeout=5)
+            assert time.monotonic() - started < 2.5  # one poll, not the whole timeout
+            task.uncancel()
+            await owner.release()
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())

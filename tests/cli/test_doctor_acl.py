@@ -55,23 +55,28 @@ def findings_for(server: servers.RedisProcess, admin: redis.Redis, *rules: str, 
         admin.execute_command("ACL", "DELUSER", user)
 
 
-def test_exact_command_list_without_pttl_and_time_names_them_for_claim_wait_and_batch(
+def test_exact_command_list_without_pttl_and_time_names_them_where_the_scripts_call_them(
     standalone: servers.RedisProcess, admin: redis.Redis
 ) -> None:
-    """Exact commands evalsha eval get set del expire strlen: claim, wait, batch and extend lack pttl and time, by name.
+    """Exact commands evalsha eval get set del expire strlen: each operation whose scripts call pttl or time, by name.
 
-    Without +command|info the SDK cannot find the server's own commands: every operation takes
-    the scripts, and the scripts' at-most-once branches read PTTL and TIME (claim.lua, extend.lua).
+    Claim, wait and batch (fences, at-most-once records, the lease-left hint), extend (an
+    at-most-once record's renewal) and checkpoint (its owner check) lack them; complete,
+    release and forget do not.
     """
     found = findings_for(standalone, admin, "+evalsha", "+eval", "+get", "+set", "+del", "+expire", "+strlen")
     (problem,) = [f for f in found if f.level == "problem" and "on the scripts path" in f.what]
-    claim_needs = script_commands("claim")
-    missing = " ".join(sorted(claim_needs & {"pttl", "time"}))
-    for operation in ("claim", "wait and its wake-up", "batch (acquire_many)", "extend (and keep-alive)"):
+    for operation, script in [
+        ("claim", "claim"), ("wait and its wake-up", "claim"), ("batch (acquire_many)", "claim"),
+        ("extend (and keep-alive)", "extend"), ("checkpoint", "checkpoint"),
+    ]:  # fmt: skip
+        missing = " ".join(sorted(script_commands(script) & {"pttl", "time"}))
+        assert missing
         assert f"{operation} lacks {missing}" in problem.what
     for operation in ("complete", "release", "forget"):
         assert f"{operation} lacks" not in problem.what
     assert "+pttl" in problem.todo
+    assert "+time" in problem.todo
     assert "the scripts for claim" in next(f.what for f in found if "default handles here" in f.what)
 
 
@@ -117,6 +122,7 @@ def test_operation_needs_follow_the_scripts() -> None:
     """Each operation's script-path needs are EVALSHA, EVAL and what its scripts call; wake-ups kept apart."""
     rows = {operation: (needs, wake) for operation, needs, wake in operation_needs(native=False)}
     assert rows["extend (and keep-alive)"][0] == {"evalsha", "eval"} | script_commands("extend")
+    assert rows["checkpoint"] == ({"evalsha", "eval", "get", "set", "time"}, set())
     assert rows["complete"][1] == {"publish"}
     assert rows["wait and its wake-up"][1] == {"subscribe"}
     sharded = {operation: wake for operation, _needs, wake in operation_needs(native=False, sharded=True)}

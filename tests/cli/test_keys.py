@@ -330,7 +330,8 @@ def test_namespaces_lists_each_namespace_with_its_keys(own_server: Callable[...,
     assert listed("--url", target) == []
     nothing = cli("scan", "--url", target)  # the default namespace, goblin, is empty: say where to look
     assert (
-        "0 keys: 0 in-flight, 0 done, 0 odd\n(`goblin-claim namespaces` lists the namespaces in use)" in nothing.stdout
+        "0 keys: 0 in-flight, 0 interrupted, 0 done, 0 odd\n(`goblin-claim namespaces` lists the namespaces in use)"
+        in nothing.stdout
     )
     client = server.client()
     try:

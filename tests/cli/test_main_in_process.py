@@ -368,7 +368,7 @@ def test_stats_json_gives_the_counts_and_the_keys_that_raise(
     document = json.loads(text)
     assert document["namespace"] == ns
     assert document["exact"] is True
-    assert document["counts"] == {"in-flight": 1, "done": 0, "odd": 1}
+    assert document["counts"] == {"in-flight": 1, "interrupted": 0, "done": 0, "odd": 1}
     assert (document["total"], document["raising"], document["primaries"]) == (2, 1, 1)
 
 
@@ -440,7 +440,7 @@ def test_scan_of_an_empty_namespace_points_at_namespaces(redis_standalone: serve
     """Nothing in the namespace: ``0 keys`` and where to look for the namespaces in use (exit 0)."""
     status, text = run("scan", "--namespace", unique("cli-empty"), "--url", url(redis_standalone))
     assert status == 0
-    assert "0 keys: 0 in-flight, 0 done, 0 odd" in text
+    assert "0 keys: 0 in-flight, 0 interrupted, 0 done, 0 odd" in text
     assert text.rstrip().endswith("(`goblin-claim namespaces` lists the namespaces in use)")
 
 

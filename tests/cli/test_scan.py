@@ -48,7 +48,7 @@ def counts(text: str) -> dict[str, str]:
     table = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] in ("in-flight", "done", "odd", "total"):
+        if len(parts) == 2 and parts[0] in ("in-flight", "interrupted", "done", "odd", "total"):
             table[parts[0]] = parts[1]
     return table
 
@@ -230,8 +230,8 @@ def test_scan_lists_each_state_with_holder_and_ttl(redis_standalone: servers.Red
     status, text = run("scan", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 1
     assert f"goblin-claim scan: namespace '{ns}' at {url(redis_standalone)}, standalone" in text
-    assert "6 keys: 1 in-flight, 1 done, 4 odd" in text
-    assert "2 keys that acquire() raises on (WrongTypeError, ResultLostError)" in text
+    assert "6 keys: 1 in-flight, 0 interrupted, 1 done, 4 odd" in text
+    assert "2 keys that acquire() raises on (WrongTypeError, ResultLostError, InterruptedWorkError)" in text
     assert "charged:txn_55" not in text  # results are never printed
     # Read-only: every key holds what it held, and the owner still completes its work.
     after = {name: (stock.dump(name), stock.ttl(name)) for name in stock.scan_iter(match=f"{ns}:*")}
@@ -270,7 +270,7 @@ def test_scan_filters_by_state_and_the_summary_counts_every_state(
     assert status == 1  # the odd keys acquire() raises on were walked, though not listed
     assert "evt-flying" in text
     assert "evt{done}" not in text
-    assert "6 keys: 1 in-flight, 1 done, 4 odd, 1 listed (--state in-flight)" in text
+    assert "6 keys: 1 in-flight, 0 interrupted, 1 done, 4 odd, 1 listed (--state in-flight)" in text
     status, entries = listing("--namespace", ns, "--state", "done", "--state", "odd", "--url", url(redis_standalone))
     assert status == 1
     assert set(entries) == each_state_keys(ns) - {"evt-flying"}
@@ -431,7 +431,7 @@ def test_stats_counts_each_state_exactly(redis_standalone: servers.RedisProcess,
             claim.complete("v")
     status, text = run("stats", "--namespace", ns, "--count", "3", "--url", url(redis_standalone))
     assert status == 1, text
-    assert counts(text) == {"in-flight": "5", "done": "4", "odd": "4", "total": "13"}
+    assert counts(text) == {"in-flight": "5", "interrupted": "0", "done": "4", "odd": "4", "total": "13"}
     assert "2 keys that acquire() raises on" in text
     assert "exact: every key of the namespace, walked with SCAN on 1 primary" in text
     assert (
@@ -470,7 +470,7 @@ def test_stats_samples_a_large_keyspace_and_labels_the_estimate(redis_server_bin
             status, text = run("stats", "--namespace", "big", "--sample", "2", "--count", "300", "--url", target)
             assert "estimate (--sample 2): 2 SCAN batches of 300 per primary" in text
             status, text = run("stats", "--namespace", "big", "--exact", "--exact-up-to", "1000", "--url", target)
-            assert counts(text) == {"in-flight": "600", "done": "600", "odd": "0", "total": "1,200"}
+            assert counts(text) == {"in-flight": "600", "interrupted": "0", "done": "600", "odd": "0", "total": "1,200"}
             assert "exact:" in text
             # Odd keys in the sample: said to be found in the sample.
             pipe = client.pipeline(transaction=False)
@@ -484,7 +484,7 @@ def test_stats_samples_a_large_keyspace_and_labels_the_estimate(redis_server_bin
             # Evicted records are simply gone: the work is free again.
             client.delete(*(claim.claim_key for claim, _ in pairs[:600]))
             status, text = run("stats", "--namespace", "big", "--exact", "--url", target)
-            assert counts(text) == {"in-flight": "600", "done": "0", "odd": "600", "total": "1,200"}
+            assert counts(text) == {"in-flight": "600", "interrupted": "0", "done": "0", "odd": "600", "total": "1,200"}
             assert isinstance(Claim(client, "k0", namespace="big").acquire(), Claimed)
         finally:
             client.close()
@@ -512,7 +512,7 @@ def test_scan_walks_every_primary_of_a_cluster(
     assert {entry["state"] for entry in entries if entry["key"] in keys} == {"in-flight"}
     text = cli("scan", "--namespace", ns, "--url", url(redis_cluster[0]))
     assert "a cluster of 3 primaries" in text.stdout
-    assert "46 keys: 41 in-flight, 1 done, 4 odd" in text.stdout
+    assert "46 keys: 41 in-flight, 0 interrupted, 1 done, 4 odd" in text.stdout
 
 
 def test_stats_on_a_cluster_counts_every_primary(
@@ -527,7 +527,7 @@ def test_stats_on_a_cluster_counts_every_primary(
         claim.complete("v")
     done = cli("stats", "--namespace", ns, "--count", "4", "--url", url(redis_cluster[1]), module=True)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert counts(done.stdout) == {"in-flight": "1", "done": "31", "odd": "4", "total": "36"}
+    assert counts(done.stdout) == {"in-flight": "1", "interrupted": "0", "done": "31", "odd": "4", "total": "36"}
     assert "walked with SCAN on 3 primaries" in done.stdout
     done = cli("stats", "--namespace", ns, "--sample", "1", "--count", "2", "--url", url(redis_cluster[1]), module=True)
     assert done.returncode in (0, 1), done.stdout + done.stderr  # 1 when the sample met the hash or the marker
@@ -545,7 +545,7 @@ def test_scan_help_documents_the_states_and_the_exit_status() -> None:
     assert "lost" not in flat
     stats = cli("stats", "--help")
     flat = " ".join(stats.stdout.split())
-    for words in ("--sample", "--exact", "estimate", "DBSIZE", "in-flight, done, odd"):
+    for words in ("--sample", "--exact", "estimate", "DBSIZE", "in-flight, interrupted, done, odd"):
         assert words in flat, words
     top = " ".join(cli("--help").stdout.split())
     assert "exit status: 0 when all is well; 1 on a problem" in top

@@ -41,7 +41,7 @@ def test_scan_lists_names_it_does_not_write_and_keys_without_a_ttl(
     assert held.split()[:4] == ["in-flight", "no", "TTL", "worker-2"]
     assert held.endswith("(no TTL: goblin-claim always sets one (another writer?), so it never frees itself)")
     assert any(line.split()[-1] == "b'\\xff\\xfe'" for line in text.splitlines() if line.startswith("in-flight"))
-    assert "3 keys: 2 in-flight, 0 done, 1 odd" in text
+    assert "3 keys: 2 in-flight, 0 interrupted, 0 done, 1 odd" in text
     stock.delete(Claim(stock, "evt-2", namespace=ns).claim_key)
 
 
@@ -96,8 +96,9 @@ def test_stats_of_an_empty_namespace_is_exact_and_zero(redis_standalone: servers
     status, text = run("stats", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 0
     assert f"goblin-claim stats: namespace {ns!r} at {url(redis_standalone)}, standalone" in text
-    assert [line.split() for line in text.splitlines()[1:5]] == [
+    assert [line.split() for line in text.splitlines()[1:6]] == [
         ["in-flight", "0"],
+        ["interrupted", "0"],
         ["done", "0"],
         ["odd", "0"],
         ["total", "0"],

@@ -175,7 +175,7 @@ def test_json_output_is_valid_when_nothing_is_found(own_server: Any) -> None:
     assert json.loads(done.stdout) == {
         "namespace": "nothing",
         "exact": True,
-        "counts": {"in-flight": 0, "done": 0, "odd": 0},
+        "counts": {"in-flight": 0, "interrupted": 0, "done": 0, "odd": 0},
         "total": 0,
         "raising": 0,
         "primaries": 1,

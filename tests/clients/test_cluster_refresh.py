@@ -105,6 +105,12 @@ class AsyncManager:
     """``SyncManager`` for an asyncio cluster client."""
 
     default_node = None
+    # What redis-py 8.2's refresh reads of its slot table besides ``initialize``: no refresh
+    # asked for at an earlier epoch, and a refresh always due (no backoff after a failure).
+    _epoch = 0
+    _refresh_requested_at_epoch = None
+    _requested_last_failed_node_name = None
+    _requested_additional_startup_nodes = ()
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
@@ -113,6 +119,10 @@ class AsyncManager:
 
     async def aclose(self, attr: str = "nodes_cache") -> None:
         """Nothing to close (the client closes its slot table with it)."""
+
+    def _refresh_due(self, retry: object = None) -> bool:
+        """Always due: the test's refreshes are the client's first."""
+        return True
 
     async def initialize(self, **_options: Any) -> None:
         """One refresh: counted, then held until ``release``."""
@@ -253,7 +263,7 @@ def test_an_async_refresh_joins_the_clients_own(kind: str, refused_port: int, cl
         client = _asyncio_cluster(kind, refused_port)
         manager = AsyncManager()
         client.nodes_manager = manager  # the slot table: its refresh blocks until released
-        client.commands_parser = types.SimpleNamespace(initialize=lambda *args, **kwargs: asyncio.sleep(0))
+        client.commands_parser = types.SimpleNamespace(commands={}, initialize=lambda *args, **kwargs: asyncio.sleep(0))
         node = redis.asyncio.cluster.ClusterNode(
             "127.0.0.1", refused_port, socket_connect_timeout=1, retry=AsyncRetry(NoBackoff(), 0)
         )

@@ -389,3 +389,66 @@ def test_a_user_denied_scripting_and_the_probe_is_told_to_grant_either(user_clie
             handle.acquire()
         _refused(info.value, "+command|info")
         assert admin.exists(handle.claim_key) == 0
+
+
+# What at_most_once and checkpoints add: TIME (the deadline, the owner check) to any line, and PTTL
+# to a renewal of an at-most-once record (it keeps the key at least as long as the new lease).
+UNITS = "+time"
+
+
+@pytest.mark.parametrize("line", ["scripts-by-command", "scripts-by-category", "native-by-command"])
+def test_at_most_once_and_checkpoints_run_with_time_added(user_client: Any, line: str) -> None:
+    """With +time: an at-most-once checkpointed claim, its renewal, checkpoint, release, the next claim and complete."""
+    rules, native = LINES[line]
+    namespace, name, password, admin, port = user_client(f"{rules} {UNITS}", native)
+    with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
+        options = {"namespace": namespace, "at_most_once": True, "checkpoints": True, "fencing": True}
+        owner = Claim(client, unique(), lease=5, **options)
+        assert isinstance(owner.acquire(), Claimed)
+        owner.extend()
+        owner.checkpoint(b"step=1")
+        assert isinstance(Claim(client, owner.key, namespace=namespace).acquire(), InFlight)  # a plain reader
+        assert owner.release() is True
+        nxt = Claim(client, owner.key, **options)
+        outcome = nxt.acquire()
+        assert isinstance(outcome, Claimed)
+        assert outcome.checkpoint == b"step=1"
+        nxt.complete(b"done")
+        assert admin.get(nxt.claim_key) == record(nxt.token, b"done")
+        assert admin.exists(f"{nxt.claim_key}:checkpoint", f"{nxt.claim_key}:fence") == 0
+
+
+def test_at_most_once_and_checkpoints_without_time_are_refused_with_nothing_written(user_client: Any) -> None:
+    """Without TIME: an at-most-once claim, a checkpoint and a renewal of such a record, and reading it, all refused."""
+    namespace, name, password, admin, port = user_client(SCRIPTS_BY_COMMAND, False)
+    with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
+        refused = Claim(client, unique(), namespace=namespace, at_most_once=True, checkpoints=True)
+        with pytest.raises(ServerError, match=REFUSED_IN_SCRIPT):
+            refused.acquire()
+        assert admin.exists(refused.claim_key) == 0
+        # Claimed by a user who may: this one's checkpoint and renewal of it are refused, nothing changed.
+        owner = Claim(client, refused.key, namespace=namespace, at_most_once=True, checkpoints=True)
+        Claim(admin, refused.key, namespace=namespace, at_most_once=True, token=owner.token).acquire()
+        before = admin.get(owner.claim_key)
+        with pytest.raises(ServerError, match=REFUSED_IN_SCRIPT):  # a plain reader reads the deadline too
+            Claim(client, refused.key, namespace=namespace).acquire()
+        with pytest.raises(ServerError, match=REFUSED_IN_SCRIPT):
+            owner.checkpoint(b"step=1")
+        with pytest.raises(ServerError, match=REFUSED_IN_SCRIPT):
+            owner.extend()
+        assert admin.get(owner.claim_key) == before
+        assert admin.exists(f"{owner.claim_key}:checkpoint") == 0
+
+
+def test_renewing_an_at_most_once_claim_needs_pttl(user_client: Any) -> None:
+    """The bare line plus +time, without PTTL: the at-most-once claim and checkpoint run, its renewal is refused."""
+    namespace, name, password, admin, port = user_client(f"{LINES['scripts-bare'][0]} {UNITS}", False)
+    with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
+        owner = Claim(client, unique(), namespace=namespace, at_most_once=True, checkpoints=True)
+        assert isinstance(owner.acquire(), Claimed)
+        owner.checkpoint(b"step=1")
+        before = admin.get(owner.claim_key)
+        with pytest.raises(ServerError, match=REFUSED_IN_SCRIPT):
+            owner.extend()
+        assert admin.get(owner.claim_key) == before
+        owner.complete(b"done")

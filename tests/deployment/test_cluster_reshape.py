@@ -17,6 +17,7 @@ import math
 import signal
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
@@ -366,7 +367,8 @@ def test_a_client_library_failure_is_a_connection_failure() -> None:
 
     async def write_on_a_closed_connection() -> None:
         connection = redis.asyncio.Connection()
-        await connection._send_packed_command([b"PING\r\n"])  # its writer is gone: AttributeError inside redis-py
+        connection._writer = types.SimpleNamespace()  # a writer with nothing on it: AttributeError inside redis-py
+        await connection._send_packed_command([b"PING\r\n"])
 
     with pytest.raises(AttributeError) as info:
         asyncio.run(write_on_a_closed_connection())

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def normalized(text: str, port: int, *, walk: bool = False) -> str:
     text = re.sub(r"\bkept (\d+) s\b", lambda m: f"kept {_tens(int(m.group(1)))} s", text)
     if walk:  # SCAN's order is the server's: the walk's lines sorted, the header first and the summary last
         lines = text.splitlines()
-        body = [line for line in lines if line.startswith(("{", "odd ", "in-flight ", "done "))]
+        body = [line for line in lines if line.startswith(("{", "odd ", "in-flight ", "interrupted ", "done "))]
         head = [line for line in lines[: lines.index(body[0])]] if body else []
         rest = [line for line in lines if line not in body and line not in head]
         text = "\n".join([*head, *sorted(body), *rest]) + ("\n" if text else "")
@@ -165,6 +166,48 @@ def test_scan_json_is_one_object_a_line_and_nothing_when_nothing_matches(durable
     empty_argv = ["scan", "--namespace", "nothing", "--json", "--url", SHOWN_URL]
     check("scan-json.txt", shown + _command(empty_argv, "", 0) + "$ goblin-claim scan --namespace nothing --json"
           " --url redis://127.0.0.1:6379/0 | wc -l\n0\n")  # fmt: skip
+
+
+def _payouts(server: RedisProcess) -> str:
+    """Namespace ``payouts``, at most once with checkpoints: one in flight, one interrupted, one done; the URL."""
+    with redis.Redis(host=servers.HOST, port=server.port) as client:
+        client.flushall()
+        for key, lease, token in (("po_1", 30, "worker-1"), ("po_2", 1, "worker-2")):
+            claim = Claim(
+                client, key, namespace="payouts", lease=lease, token=token, at_most_once=True, checkpoints=True
+            )
+            claim.acquire()
+            claim.checkpoint("step 2 of 5")
+        done = Claim(client, "po_3", namespace="payouts", ttl=86400, token="worker-3", at_most_once=True)
+        done.acquire()
+        done.complete(b"paid")
+        time.sleep(1.2)  # po_2's one-second lease is over: interrupted
+    return f"redis://{servers.HOST}:{server.port}/0"
+
+
+def _clocked(text: str) -> str:
+    """Times read from the clock shown fixed: when an attempt claimed its key, how long ago its lease ended."""
+    text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "2026-12-04T09:30:00+00:00", text)
+    return re.sub(r"\b(ended|over) \d+\.\d s ago", r"\1 0.2 s ago", text)
+
+
+def test_at_most_once_keys_in_flight_interrupted_and_their_checkpoints(durable: RedisProcess) -> None:
+    """Scan, inspect and stats of at-most-once keys: in flight, interrupted (exit 1), a checkpoint beside each."""
+    url = _payouts(durable)
+    shown = []
+    for argv, walk in (
+        (["scan", "--namespace", "payouts"], True),
+        (["inspect", "po_2", "--namespace", "payouts"], False),
+        (["inspect", "po_1", "--namespace", "payouts"], False),
+        (["stats", "--namespace", "payouts"], False),
+        (["forget", "po_2", "--namespace", "payouts"], False),
+    ):
+        status, output = goblin_claim(*argv, "--url", url)
+        shown.append(
+            _command([*argv, "--url", SHOWN_URL], _clocked(normalized(output, durable.port, walk=walk)), status)
+        )
+    assert "interrupted" in shown[0]
+    check("at-most-once.txt", "".join(shown))
 
 
 def test_doctor_names_what_a_restricted_user_lacks(durable: RedisProcess) -> None:

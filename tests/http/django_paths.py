@@ -57,6 +57,23 @@ def async_client() -> fakeredis.FakeAsyncRedis:
     return fakeredis.FakeAsyncRedis(server=SERVER)
 
 
+UNREACHABLE: list[int] = []  # a port nobody listens on, chosen by case_fail_open
+
+
+def unreachable_client() -> Any:
+    """A sync client of a Redis out of reach: nothing listens on its port."""
+    import redis
+
+    return redis.Redis(host="127.0.0.1", port=UNREACHABLE[0], socket_connect_timeout=1, retry=None)
+
+
+def unreachable_async_client() -> Any:
+    """The asyncio twin of ``unreachable_client``."""
+    import redis.asyncio
+
+    return redis.asyncio.Redis(host="127.0.0.1", port=UNREACHABLE[0], socket_connect_timeout=1, retry=None)
+
+
 def ran(name: str) -> int:
     """Count one run of the view ``name``; the run's number."""
     RUNS[name] = RUNS.get(name, 0) + 1
@@ -74,6 +91,16 @@ def order(request: HttpRequest) -> HttpResponse:
 async def order_async(request: HttpRequest) -> HttpResponse:
     """An async view: 201 with its run's number."""
     return HttpResponse(f"order {ran('order_async')}", status=201, content_type="text/plain")
+
+
+def opened(request: HttpRequest) -> HttpResponse:
+    """A sync view for the fail-open case: 201 with its run's number."""
+    return HttpResponse(f"opened {ran('opened')}", status=201, content_type="text/plain")
+
+
+async def opened_async(request: HttpRequest) -> HttpResponse:
+    """The async twin of ``opened``."""
+    return HttpResponse(f"opened {ran('opened_async')}", status=201, content_type="text/plain")
 
 
 def missing(request: HttpRequest) -> HttpResponse:
@@ -273,7 +300,7 @@ def _views() -> list[Any]:
         path("own-async", own_async), path("own-async-required", own_async_required), path("scoped", scoped),
         path("scoped-async", scoped_async), path("failing", failing), path("failing-async", failing_async),
         path("small-body", small_body), path("small-body-async", small_body_async), path("routed", routed),
-        path("plain", plain),
+        path("plain", plain), path("opened", opened), path("opened-async", opened_async),
     ]  # fmt: skip
 
 
@@ -514,6 +541,32 @@ def case_real_redis(port: int) -> dict[str, Any]:
     return found
 
 
+def case_fail_open() -> dict[str, Any]:
+    """Redis out of reach in both worlds: with fail_open each delivery runs the view once; without it, 503."""
+    from django.test import AsyncClient, Client, override_settings
+
+    from tests.support.servers import free_port
+
+    UNREACHABLE.append(free_port())
+    found: dict[str, Any] = {}
+    for fail_open in (True, False):
+        name = "open" if fail_open else "closed"
+        setting = {"namespace": NS + "-open", "problem_docs": DOCS, "fail_open": fail_open}
+        with override_settings(
+            GOBLIN_CLAIM_IDEMPOTENCY={**setting, "client": "tests.http.django_paths.unreachable_client"}
+        ):
+            found["sync_" + name] = [post(Client(), "/opened") for _ in range(2)]
+        with override_settings(
+            GOBLIN_CLAIM_IDEMPOTENCY={**setting, "client": "tests.http.django_paths.unreachable_async_client"}
+        ):
+
+            async def twice() -> list[dict[str, Any]]:
+                return [await apost(AsyncClient(), "/opened-async") for _ in range(2)]
+
+            found["async_" + name] = asyncio.run(twice())
+    return found
+
+
 def case_settings() -> dict[str, Any]:
     """Settings the door refuses, each with its ImproperlyConfigured message; the system check's findings."""
     from django.core.exceptions import ImproperlyConfigured
@@ -598,6 +651,7 @@ def main() -> None:
             "duplicate": asyncio.run(duplicate_of_the_cut_stream(AsyncClient)),
         },
         "real_redis": lambda: case_real_redis(port),
+        "fail_open": case_fail_open,
         "settings": case_settings,
     }
     found: dict[str, Any] = {}

@@ -18,6 +18,9 @@ import fakeredis
 import pytest
 import redis.asyncio
 
+import goblin_claim
+from goblin_claim import ConnectionFailedError
+from goblin_claim._events import Event
 from goblin_claim.asgi import IdempotencyMiddleware
 from tests.support import servers
 
@@ -236,6 +239,64 @@ def test_redis_unreachable_is_503_and_the_app_never_runs(caplog: pytest.LogCaptu
 
     asyncio.run(scenario())
     assert any("the idempotency claim failed, answering 503" in r.getMessage() for r in caplog.records)
+
+
+def test_redis_unreachable_with_fail_open_runs_the_app_once_per_delivery(caplog: pytest.LogCaptureFixture) -> None:
+    """fail_open=True, no Redis: each delivery runs the app once, its answer passed through unkept; told each time."""
+    seen: list[Event] = []
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=servers.free_port(), socket_connect_timeout=1, retry=None)
+        app = answering(b"made", headers=[(b"x-made", b"1")])
+        with caplog.at_level(logging.WARNING, logger="goblin_claim"):
+            replies = [await serve(door(app, client, fail_open=True)) for _ in range(2)]
+        assert [(r.status, r.body, r.headers) for r in replies] == [(201, b"made", {"x-made": "1"})] * 2
+        assert app.runs == 2
+        refused = await serve(door(app, client))  # the default: 503, the app never runs unguarded
+        assert (refused.status, refused.problem) == (503, "store-unavailable")
+        assert app.runs == 2
+        await client.aclose()
+
+    goblin_claim.add_listener(seen.append)
+    try:
+        asyncio.run(scenario())
+    finally:
+        goblin_claim.remove_listener(seen.append)
+    requests = [e for e in seen if e.operation == "request"]
+    assert [e.outcome for e in requests] == ["failed_open", "failed_open", "unavailable"]
+    assert all(isinstance(e.error, ConnectionFailedError) for e in requests[:2])
+    opened = [r for r in caplog.records if "fail_open runs the work" in r.getMessage()]
+    assert [(r.name, r.levelno) for r in opened] == [("goblin_claim.asgi", logging.WARNING)] * 2
+
+
+def test_a_reachable_redis_decides_with_fail_open() -> None:
+    """fail_open=True over a Redis that answers: the duplicate is replayed, in flight is 409; the app ran once."""
+
+    async def scenario() -> None:
+        client = fake()
+        release = asyncio.Event()
+        started = asyncio.Event()
+
+        async def slow(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            slow.runs += 1  # type: ignore[attr-defined]
+            await receive()
+            started.set()
+            await release.wait()
+            await send({"type": "http.response.start", "status": 201, "headers": []})
+            await send({"type": "http.response.body", "body": b"made"})
+
+        slow.runs = 0  # type: ignore[attr-defined]
+        first = asyncio.ensure_future(serve(door(slow, client, fail_open=True)))
+        await asyncio.wait_for(started.wait(), 10)
+        in_flight = await serve(door(slow, client, fail_open=True))
+        release.set()
+        assert (await first).body == b"made"
+        again = await serve(door(slow, client, fail_open=True))
+        assert (in_flight.status, in_flight.problem) == (409, "in-flight")
+        assert (again.status, again.body, again.headers["idempotent-replayed"]) == (201, b"made", "true")
+        assert slow.runs == 1  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
 
 
 def test_a_store_redis_refuses_sends_the_answer_marked_unstored(

@@ -257,6 +257,18 @@ def test_a_store_redis_refuses_sends_the_answer_marked_unstored_in_both_worlds(f
     assert found["runs"]["filling"] == 2
 
 
+def test_redis_unreachable_with_fail_open_runs_the_view_once_per_delivery_in_both_worlds(found: dict[str, Any]) -> None:
+    """fail_open in the settings, no Redis: each delivery runs the view, unkept; without it, 503 and no run."""
+    got = case(found, "fail_open")
+    for world in ("sync", "async"):
+        assert [(r["status"], r["body"]) for r in got[world + "_open"]] == [(201, "opened 1"), (201, "opened 2")], world
+        assert all("idempotent-replayed" not in r for r in got[world + "_open"]), world
+        assert [(r["status"], r["problem"]) for r in got[world + "_closed"]] == [(503, "store-unavailable")] * 2, world
+    assert (found["runs"]["opened"], found["runs"]["opened_async"]) == (2, 2)
+    told = [name for name, m in found["logs"] if "fail_open runs the work" in m]
+    assert sorted(told) == ["goblin_claim.asgi"] * 2 + ["goblin_claim.wsgi"] * 2
+
+
 # --------------------------------------------------------------------------- settings and the system check
 
 

@@ -17,7 +17,10 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
+import goblin_claim
+from goblin_claim._events import Event
 from tests.conftest import IN_CI
 from tests.support import servers
 
@@ -320,6 +323,38 @@ def test_a_claim_lost_while_the_view_ran_is_503(redis_client: Any) -> None:
     assert (lost.status_code, problem(lost)) == (503, "claim-lost")
     assert lost.headers["Retry-After"]
     assert service.runs == {"order": 1}
+
+
+def test_redis_unreachable_with_fail_open_runs_the_view_once_per_delivery(caplog: pytest.LogCaptureFixture) -> None:
+    """fail_open=True, no Redis: each delivery runs the view once, its answer passed through; a route without: 503."""
+    client = redis.Redis(host="127.0.0.1", port=servers.free_port(), socket_connect_timeout=1, retry=None)
+    service = Service(client, fail_open=True)
+
+    @service.app.post("/notes")
+    def note() -> tuple[str, int]:
+        return f"noted {service.count('note')}", 201
+
+    @service.app.post("/charges")
+    @service.idempotency.options(fail_open=False)
+    def charge() -> tuple[str, int]:
+        service.count("charge")
+        return "charged", 201
+
+    seen: list[Event] = []
+    goblin_claim.add_listener(seen.append)
+    try:
+        with caplog.at_level(logging.WARNING, logger="goblin_claim"):
+            notes = [service.http.post("/notes", json={}, headers=KEY) for _ in range(2)]
+            refused = service.http.post("/charges", json={}, headers=KEY)
+    finally:
+        goblin_claim.remove_listener(seen.append)
+    assert [(r.status_code, r.data) for r in notes] == [(201, b"noted 1"), (201, b"noted 2")]
+    assert all("Idempotent-Replayed" not in r.headers for r in notes)
+    assert (refused.status_code, problem(refused)) == (503, "store-unavailable")
+    assert service.runs == {"note": 2}
+    assert [e.outcome for e in seen if e.operation == "request"] == ["failed_open", "failed_open", "unavailable"]
+    opened = [r for r in caplog.records if "fail_open runs the work" in r.getMessage()]
+    assert [(r.name, r.levelno) for r in opened] == [("goblin_claim.wsgi", logging.WARNING)] * 2
 
 
 def test_a_store_redis_refuses_sends_the_answer_marked_unstored(

@@ -334,6 +334,23 @@ def test_redis_unreachable_is_503_and_the_app_never_runs(caplog: pytest.LogCaptu
     assert app.runs == 0
 
 
+def test_redis_unreachable_with_fail_open_runs_the_app_once_per_delivery(caplog: pytest.LogCaptureFixture) -> None:
+    """fail_open=True, no Redis: each delivery runs the app once, its answer passed through unkept; logged each time."""
+    client = redis.Redis(host="127.0.0.1", port=servers.free_port(), socket_connect_timeout=1, retry=None)
+    app = Counted(created)
+    with caplog.at_level(logging.WARNING, logger="goblin_claim"):
+        replies = [serve(door(app, client, fail_open=True), environ()) for _ in range(2)]
+        refused = serve(door(app, client), environ())
+    assert [(r.code, r.body, r.headers) for r in replies] == [
+        (201, b'{"order":1}', {"content-type": "application/json"})
+    ] * 2
+    assert (refused.code, refused.problem) == (503, "store-unavailable")
+    assert app.runs == 2
+    opened = [r for r in caplog.records if "fail_open runs the work" in r.getMessage()]
+    told = [(r.name, r.levelno, getattr(r, "outcome", None)) for r in opened]
+    assert told == [("goblin_claim.wsgi", logging.WARNING, "failed_open")] * 2
+
+
 def test_a_store_redis_refuses_sends_the_answer_marked_unstored(
     own_server: Callable[..., servers.RedisProcess], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -186,3 +186,35 @@ def test_duplicate_of_a_long_job_gives_its_slot_back(
     assert seen == [0]
     assert results == [{"event_id": "long", "amount": 1, "charge_number": 1}] * 2
     assert charges(data, "long") == 1
+
+
+def test_with_fail_open_each_delivery_runs_once_while_the_claims_redis_is_out_of_reach(
+    app: Any, data: redis.Redis, out_of_reach: str, worker: Callable[..., Worker]
+) -> None:
+    """The claims' Redis out of reach (client=; the worker's pool up): fail_open runs each delivery once; else fails."""
+
+    async def go() -> tuple[list[Any], Any]:
+        pool = await create_pool(
+            app.redis_settings(), job_serializer=app.WorkerSettings.job_serializer, job_deserializer=json.loads
+        )
+        try:
+            sent = [await pool.enqueue_job("charge_open", "evt-open", 5) for _ in range(2)]
+            results = [await job.result(timeout=40, poll_delay=0.1) for job in sent if job is not None]
+            refused = await pool.enqueue_job("charge_closed", "evt-closed", 5)
+            assert refused is not None
+            try:
+                await refused.result(timeout=40, poll_delay=0.1)
+            except Exception as exc:  # the job failed
+                return results, exc
+            return results, None
+        finally:
+            await pool.aclose()
+
+    running = worker()
+    results, failure = asyncio.run(go())
+    assert sorted(result["charge_number"] for result in results) == [1, 2]  # at-least-once: once per delivery
+    assert charges(data, "evt-open") == 2
+    assert failure is not None  # it failed (arq's JSON serializer cannot carry the error itself)
+    running.wait_for_log("ConnectionFailedError")  # the worker names it
+    assert charges(data, "evt-closed") == 0
+    running.wait_for_log("fail_open runs the work without one")

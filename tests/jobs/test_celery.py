@@ -30,7 +30,8 @@ from tests.support.servers import RedisProcess
 if not IN_CI:
     pytest.importorskip("celery")
 
-from goblin_claim import Claim, Completed, StillInFlightError
+from goblin_claim import Claim, Completed, InterruptedWorkError, StillInFlightError
+from goblin_claim._events import key_digest
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -274,3 +275,55 @@ def test_an_exception_releases_the_claim_so_autoretry_runs(app: Any, worker: Cal
     assert int(data.get("attempts:evt-r")) == 2
     assert app.flaky.delay("evt-r").get(timeout=20) == 2  # done: a duplicate replays, nothing runs
     assert int(data.get("attempts:evt-r")) == 2
+
+
+def test_with_fail_open_each_delivery_runs_once_while_the_claims_redis_is_out_of_reach(
+    app: Any, out_of_reach: str, worker: Callable[..., Worker]
+) -> None:
+    """The claims' Redis out of reach (the broker up): fail_open: each delivery runs once, SUCCESS; else FAILURE."""
+    running = worker()
+    data = app.data()
+    sent = [app.charge_open.delay("evt-open", 5) for _ in range(2)]
+    results = [result.get(timeout=40) for result in sent]
+    assert sorted(result["charge_number"] for result in results) == [1, 2]  # at-least-once: once per delivery
+    assert charges(data, "evt-open") == 2
+    refused = app.charge_closed.delay("evt-closed", 5)
+    refused.get(timeout=40, propagate=False)
+    assert refused.state == "FAILURE"
+    assert "ConnectionFailedError" in str(refused.traceback)
+    assert charges(data, "evt-closed") == 0
+    running.wait_for_log("fail_open runs the work without one")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_at_most_once_a_killed_task_is_acked_on_redelivery_and_never_rerun(
+    app: Any, worker: Callable[..., Worker], where: str
+) -> None:
+    """A pool child SIGKILLed before/after the charge: the redelivery finds the attempt interrupted and acks it.
+
+    The message comes back at once (reject_on_worker_lost), waits out the dead owner's lease, and
+    ends SUCCESS with None without running the task; the worker logs it at WARNING by key digest.
+    """
+    running = worker()
+    data = app.data()
+    event = f"evt-amo-{where}"
+    data.set(f"pause:{where}:{event}", 30)
+    sent = app.charge_at_most_once.delay(event, 800)
+    states = States(app.app, [sent.id])
+    pid = first_pid(data, event)
+    if where == "after":
+        wait_until(lambda: charges(data, event) == 1, 20, "the side effect")
+    os.kill(pid, signal.SIGKILL)
+    assert sent.get(timeout=40) is None
+    seen = states.stop()
+    assert charges(data, event) == (1 if where == "after" else 0)
+    assert data.llen(f"pids:{event}") == 1  # the redelivery never ran the task
+    assert "FAILURE" not in seen
+    digest = key_digest(event)
+    wait_until(lambda: f"key {digest} of jobs.charge_at_most_once" in running.text(), 10, "the WARNING line")
+    line = next(line for line in running.text().splitlines() if f"key {digest} of" in line)
+    assert "WARNING" in line
+    assert "acked without running the work" in line
+    assert event not in line  # the key as its digest, never as it is
+    with pytest.raises(InterruptedWorkError):
+        app.charge_at_most_once("evt-amo-" + where, 800)  # called directly: the caller is told

@@ -149,3 +149,21 @@ def test_duplicate_of_a_long_job_gives_its_thread_back(
     log = running.text()
     assert "Retrying message" in log
     assert "ERROR" not in log
+
+
+def test_with_fail_open_each_delivery_runs_once_while_the_claims_redis_is_out_of_reach(
+    app: Any, data: redis.Redis, out_of_reach: str, worker: Callable[..., Worker]
+) -> None:
+    """The claims' Redis out of reach (the broker up): fail_open runs each delivery once; without it, it fails."""
+    from dramatiq.results import ResultFailure
+
+    running = worker()
+    sent = [app.charge_open.send("evt-open", 5) for _ in range(2)]
+    results = [_result(app, message) for message in sent]
+    assert sorted(result["charge_number"] for result in results) == [1, 2]  # at-least-once: once per delivery
+    assert charges(data, "evt-open") == 2
+    refused = app.charge_closed.send("evt-closed", 5)
+    with pytest.raises(ResultFailure, match="ConnectionFailedError"):
+        _result(app, refused)
+    assert charges(data, "evt-closed") == 0
+    running.wait_for_log("fail_open runs the work without one")

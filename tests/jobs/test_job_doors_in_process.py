@@ -1,17 +1,29 @@
 """The job doors in process, on fakeredis: Celery eagerly, Dramatiq on its StubBroker, arq's function as arq calls it.
 
-Their option checks, a task that fails for good under enqueue_once, and the in-flight
-retry of an arq job without a job id.
+Their option checks, a task that fails for good under enqueue_once, the in-flight
+retry of an arq job without a job id, an arq job cancelled when its claim is lost, and an
+interrupted key acked (or raised to a direct caller) under at_most_once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import pytest
 
-from goblin_claim import AsyncClaim, Claim, Claimed, InvalidArgumentError, InvalidArgumentTypeError
+from goblin_claim import (
+    AsyncClaim,
+    Claim,
+    Claimed,
+    ClaimLostError,
+    InterruptedWorkError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
+from goblin_claim._events import key_digest
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique
 
@@ -179,6 +191,41 @@ def test_arq_job_in_flight_without_a_job_id_asks_arq_to_retry_later() -> None:
     asyncio.run(scenario())
 
 
+def test_an_arq_job_whose_claim_is_lost_is_cancelled_and_raises_claim_lost() -> None:
+    """The key taken by another token mid-job: the job is cancelled before its side effect; arq gets ClaimLostError."""
+
+    async def scenario() -> None:
+        client = fake_async_redis(native=False)
+        ns = unique("arq-lost")
+        started = asyncio.Event()
+        effects: list[str] = []
+        seen: list[str] = []
+
+        @idempotent_job(key="event_id", namespace=ns, lease=2, wait=0)
+        async def charge(ctx: dict[str, Any], event_id: str) -> str:
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            effects.append(event_id)
+            return event_id
+
+        job = asyncio.ensure_future(charge({"redis": client, "job_id": "j-1", "job_try": 1}, "evt-6"))
+        await asyncio.wait_for(started.wait(), 10)
+        claim_key = AsyncClaim(client, "evt-6", namespace=ns).claim_key
+        await client.set(claim_key, "another-worker", ex=30)  # its lease lapsed and another worker took it
+        with pytest.raises(ClaimLostError, match="was cancelled"):
+            await asyncio.wait_for(job, 10)
+        assert seen == ["cancelled"]
+        assert effects == []
+        assert await client.get(claim_key) == b"another-worker"  # left to its new owner
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_a_job_function_must_take_the_context_first() -> None:
     """An arq function without a first positional parameter is refused: arq passes the job's context there."""
     with pytest.raises(InvalidArgumentTypeError, match="must take the job's context as its first parameter"):
@@ -186,3 +233,86 @@ def test_a_job_function_must_take_the_context_first() -> None:
         @idempotent_job(key="event_id", client=fake_async_redis(native=False))
         async def charge(*, event_id: str) -> str:
             return event_id
+
+
+# --------------------------------------------------------------------------- at most once, every door
+
+
+def _interrupted(client: Any, namespace: str, key: str) -> None:
+    """Leave ``key`` as a killed at-most-once owner leaves it: claimed, never completed, its 1 s lease over."""
+    assert isinstance(Claim(client, key, namespace=namespace, lease=1, at_most_once=True).acquire(), Claimed)
+    time.sleep(1.1)
+
+
+def test_dramatiq_acks_an_interrupted_key_without_running_the_actor(caplog: pytest.LogCaptureFixture) -> None:
+    """An at-most-once actor's message for an interrupted key is acked, not run nor retried, and logged by digest."""
+    broker = StubBroker()
+    client = fake_redis(native=False)
+    broker.add_middleware(goblin_claim.dramatiq.Idempotency(client))
+    runs: list[str] = []
+    name = unique("once")
+
+    @dramatiq.actor(broker=broker, actor_name=name, idempotency={"key": "event_id", "at_most_once": True})
+    def once(event_id: str) -> None:
+        runs.append(event_id)
+
+    _interrupted(client, name, "evt-7")
+    worker = dramatiq.Worker(broker, worker_timeout=100)
+    worker.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="goblin_claim.dramatiq"):
+            once.send("evt-7")
+            broker.join(once.queue_name, fail_fast=True)
+            worker.join()
+    finally:
+        worker.stop()
+    assert runs == []
+    [record] = [r for r in caplog.records if r.name == "goblin_claim.dramatiq"]
+    assert record.levelno == logging.WARNING
+    assert record.key_digest == key_digest("evt-7")  # type: ignore[attr-defined]
+    assert f"key {key_digest('evt-7')} of {name}" in record.getMessage()
+    assert "evt-7" not in record.getMessage()
+
+
+def test_arq_completes_an_interrupted_job_and_raises_to_a_direct_caller(caplog: pytest.LogCaptureFixture) -> None:
+    """An at-most-once arq job on an interrupted key returns None in a worker (logged); called bare, it raises."""
+
+    async def scenario() -> None:
+        client = fake_async_redis(native=False)
+        ns = unique("arq")
+        runs: list[str] = []
+
+        @idempotent_job(key="event_id", namespace=ns, wait=0, at_most_once=True)
+        async def charge(ctx: dict[str, Any], event_id: str) -> str:
+            runs.append(event_id)
+            return event_id
+
+        held = AsyncClaim(client, "evt-8", namespace=ns, lease=1, at_most_once=True)
+        assert isinstance(await held.acquire(), Claimed)
+        await asyncio.sleep(1.1)
+        with caplog.at_level(logging.WARNING, logger="goblin_claim.arq"):
+            assert await charge({"redis": client, "job_id": "j1"}, "evt-8") is None
+        with pytest.raises(InterruptedWorkError):
+            await charge({"redis": client}, "evt-8")
+        assert runs == []
+        await client.aclose()
+
+    asyncio.run(scenario())
+    acked = [r.name for r in caplog.records if "acked without running the work" in r.getMessage()]
+    assert acked == ["goblin_claim.arq"]
+
+
+def test_an_eager_celery_task_on_an_interrupted_key_raises_to_its_caller() -> None:
+    """Run eagerly (no delivery to ack), an at-most-once task on an interrupted key raises InterruptedWorkError."""
+    app, client, runs = eager_app(), fake_redis(native=False), []
+    name = unique("tasks.once")
+
+    @app.task(base=IdempotentTask, name=name, idempotency={"client": client, "key": "event_id", "at_most_once": True})
+    def once(event_id: str) -> str:
+        runs.append(event_id)
+        return event_id
+
+    _interrupted(client, name, "evt-9")
+    with pytest.raises(InterruptedWorkError):
+        once.apply(("evt-9",), throw=True)
+    assert runs == []

@@ -34,7 +34,9 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from goblin_claim import Claim, Completed, StillInFlightError
+from goblin_claim import Claim, Completed, InterruptedWorkError, StillInFlightError
+from goblin_claim._events import key_digest
+from goblin_claim._handle import CHECKPOINT_SUFFIX
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -186,3 +188,65 @@ def test_called_outside_a_worker_in_flight_raises(data: redis.Redis) -> None:
         charge("evt-d", 1)
     assert caught.value.retry_after is not None
     assert charges(data, "evt-d") == 0
+
+
+def test_with_fail_open_each_delivery_runs_once_while_the_claims_redis_is_out_of_reach(
+    queue: Queue, data: redis.Redis, out_of_reach: str, worker: Callable[..., Worker]
+) -> None:
+    """The claims' Redis out of reach (the broker up): fail_open: each delivery runs once, FINISHED; else FAILED."""
+    from tests.support.apps.jobs.rq_jobs import charge_closed, charge_open
+
+    running = worker()
+    sent = [queue.enqueue(charge_open, "evt-open", 5) for _ in range(2)]
+    results = [_finish(job) for job in sent]
+    assert sorted(result["charge_number"] for result in results) == [1, 2]  # at-least-once: once per delivery
+    assert charges(data, "evt-open") == 2
+    refused = queue.enqueue(charge_closed, "evt-closed", 5)
+    wait_until(lambda: refused.get_status(refresh=True) == JobStatus.FAILED, 40, "the refused job to fail")
+    assert "ConnectionFailedError" in str(refused.latest_result().exc_string)  # type: ignore[union-attr]
+    assert charges(data, "evt-closed") == 0
+    running.wait_for_log("fail_open runs the work without one")
+
+
+def test_at_most_once_a_killed_work_horse_is_retried_acked_and_never_rerun(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """A work-horse SIGKILLed after the charge: its Retry finds the attempt interrupted, FINISHED (None), not rerun."""
+    from tests.support.apps.jobs.rq_jobs import charge_at_most_once
+
+    running = worker()
+    event = "evt-amo"
+    data.set(f"pause:after:{event}", 30)
+    job = queue.enqueue(charge_at_most_once, event, 900, retry=Retry(max=1, interval=0))
+    pid = first_pid(data, event)
+    wait_until(lambda: charges(data, event) == 1, 20, "the side effect")
+    os.kill(pid, signal.SIGKILL)
+    assert _finish(job) is None
+    assert charges(data, event) == 1
+    assert data.llen(f"pids:{event}") == 1  # the retry never ran the function
+    digest = key_digest(event)
+    wait_until(lambda: f"key {digest} of jobs.rq.charge_amo" in running.text(), 10, "the WARNING line")
+    line = next(line for line in running.text().splitlines() if f"key {digest} of" in line)
+    assert "acked without running the work" in line
+    assert event not in line
+    with pytest.raises(InterruptedWorkError):
+        charge_at_most_once(event, 900)  # outside a worker: the caller is told
+
+
+def test_a_killed_checkpointed_job_resumes_after_its_last_checkpoint(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """A work-horse SIGKILLed after step 2 of 4: its Retry takes the key over at the lapse and runs steps 3 and 4."""
+    from tests.support.apps.jobs.rq_jobs import steps
+
+    worker()
+    event = "evt-steps"
+    data.set(f"pause:step2:{event}", 30)
+    job = queue.enqueue(steps, event, retry=Retry(max=1, interval=0))
+    pid = first_pid(data, event)
+    checkpoint = Claim(data, event, namespace="jobs.rq.steps").claim_key + CHECKPOINT_SUFFIX
+    wait_until(lambda: data.get(checkpoint) == b"2", 20, "step 2's checkpoint")
+    os.kill(pid, signal.SIGKILL)
+    assert _finish(job) == {"event_id": event, "resumed_after": 2}
+    assert [int(data.get(f"step:{event}:{step}") or 0) for step in range(1, 5)] == [1, 1, 1, 1]
+    assert data.get(checkpoint) is None  # the stored result cleared it

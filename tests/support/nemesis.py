@@ -312,7 +312,8 @@ class Execution:
     claimed_at: float  # the earliest its claim can have been written: its attempt's start
     end: float | None = None
     # completed: its complete() (or the decorator's store) returned; refused: ClaimLostError;
-    # unstored: given up storing on a transient error; running: none of these (yet).
+    # unstored: given up storing on a transient error; stopped: cancelled mid-work (an async def
+    # whose claim was lost: its caller got ClaimLostError); running: none of these (yet).
     fate: str = "running"
     fate_at: float | None = None
 
@@ -752,7 +753,11 @@ class AsyncPaths:
         async def body(ident: str) -> str:
             caller = _caller.get()
             execution = ledger_.begin(ident, caller)
-            await asyncio.sleep(caller.job.work)
+            try:
+                await asyncio.sleep(caller.job.work)
+            except asyncio.CancelledError:  # its claim was lost (or its caller cancelled): it stops here
+                execution.fate, execution.fate_at = "stopped", now()
+                raise
             execution.end = now()
             return execution.value
 
@@ -1377,8 +1382,8 @@ def check(
         for run in runs:
             if run.nonce == final:
                 continue
-            if run.fate in ("refused", "unstored") and outlived(run):
-                continue  # its caller was told, cut off past its lease (README: ClaimLostError with .result)
+            if run.fate in ("refused", "unstored", "stopped") and outlived(run):
+                continue  # its caller was told, cut off past its lease (ClaimLostError, with .result or stopped)
             if exposed(ident, run.claimed_at, run.fate_at or run.end):
                 continue  # its claim or record was written around a failover that can drop it
             held = (run.fate_at or run.end or run.start) - run.claimed_at

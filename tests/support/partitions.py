@@ -919,7 +919,7 @@ def explain_told(
         record = records.get(ident)
         final = nemesis._nonce_of(record) if record is not None and record.startswith(b"done ") else None
         runs: list[Execution] = ledger.runs.get(ident, [])
-        told = all(run.fate in ("refused", "unstored") for run in runs if run.nonce != final)
+        told = all(run.fate in ("refused", "unstored", "stopped") for run in runs if run.nonce != final)
         if final is not None and told and answers.get(ident, set()) <= {final}:
             report.details[index] = "explained (told): " + line.removeprefix("unexplained: ")
             moved.append(ident)

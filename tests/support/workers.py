@@ -13,7 +13,7 @@ from typing import Any
 import redis
 import redis.cluster
 
-from goblin_claim import idempotent
+from goblin_claim import current_claim, idempotent
 
 HOST = "127.0.0.1"
 
@@ -79,3 +79,43 @@ def hold_until_killed(port: int, cluster: bool, namespace: str, ids: list[str]) 
         thread.start()
     for thread in pool:
         thread.join()
+
+
+def step_key(namespace: str, item: str, step: int) -> str:
+    """Where each run of step ``step`` of ``item`` is counted (its side effect)."""
+    return f"{namespace}:step:{{{item}}}:{step}"
+
+
+def stepped_work(
+    client: Any, namespace: str, *, lease: int, wait: float, steps: int = 5, stop_after: int = 0,
+    at_most_once: bool = False,
+) -> Callable[[str], Any]:  # fmt: skip
+    """The decorated function of the checkpoint tests: ``steps`` counted steps, each checkpointed once done.
+
+    It resumes after the step its handle's last checkpoint names; with ``stop_after`` it
+    stops once that step is checkpointed (sleeps, for the test to kill the process).
+    """
+
+    @idempotent(
+        client, key="item", namespace=namespace, lease=lease, wait=wait, checkpoints=True, at_most_once=at_most_once
+    )
+    def work(item: str) -> dict[str, Any]:
+        claim = current_claim()
+        saved = claim.last_checkpoint
+        resumed = None if saved is None else int(saved)
+        for step in range(1 if resumed is None else resumed + 1, steps + 1):
+            client.incr(step_key(namespace, item, step))  # the step's side effect
+            claim.checkpoint(str(step))
+            if step == stop_after:
+                time.sleep(120)  # stopped here: the test kills the process
+        return {"item": item, "resumed_after": resumed, "pid": os.getpid()}
+
+    return work
+
+
+def steps_until_killed(
+    port: int, cluster: bool, namespace: str, item: str, stop_after: int, at_most_once: bool
+) -> None:
+    """Run the stepped work for ``item`` until step ``stop_after``, and stay there (the test kills this process)."""
+    client = connect(port, cluster)
+    stepped_work(client, namespace, lease=2, wait=0, stop_after=stop_after, at_most_once=at_most_once)(item)

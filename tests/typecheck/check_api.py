@@ -13,7 +13,7 @@ import redis
 import redis.asyncio
 from typing_extensions import assert_type
 
-from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, idempotent
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, current_claim, idempotent
 
 client = redis.Redis()
 async_client = redis.asyncio.Redis()
@@ -67,3 +67,14 @@ async def async_outcomes() -> None:
     assert_type(await claim.release(), bool)
     async with claim.keep_alive() as keeper:
         assert_type(keeper.lost, bool)
+
+
+def lost_means_stopped() -> None:
+    """ensure_held() is a plain method on both handles; current_claim() is one handle or the other."""
+    assert_type(Claim(client, "evt88").ensure_held(), None)
+    assert_type(AsyncClaim(async_client, "evt88").ensure_held(), None)
+    handle = current_claim()
+    assert_type(handle, Claim | AsyncClaim)
+    handle.ensure_held()
+    AsyncClaim(async_client, "evt88").keep_alive(cancel_on_loss=True)
+    Claim(client, "evt88").keep_alive(1.0, True)  # type: ignore[call-arg]  # cancel_on_loss is keyword-only

@@ -24,7 +24,9 @@
 --   completed work whose result is gone), the milliseconds its lease has left,
 --   and the counter (false when there is none); {} if claim_key is not a string;
 --   for an at-most-once record {token, deadline - now (ms, <= 0 once it passed), counter
---   or false, claimed_ms}: four entries, whoever asks
+--   or false, claimed_ms}: four entries, whoever asks; with ARGV[6], a claim held by
+--   ARGV[1] (its own, sent again) adds a fifth, the checkpoint as a win answers it:
+--   {token, ms left, counter or false, claimed_ms or false, {checkpoint} or {}}
 -- KEYS[1] == KEYS[2] is the one-key record (the SDK's default layout): the key holds
 --   the owner's token while the work runs, then "done <token> <value>" (the marker
 --   of complete.lua, a space and the value). A token read back is in flight, not
@@ -55,6 +57,8 @@ if fence_key then
     now = redis.call("time")
   end
 end
+-- The checkpoint too: a non-string there (WRONGTYPE) fails the claim before it is written.
+local saved = checkpoint_key and redis.call("get", checkpoint_key) or false
 local record, expiry = ARGV[1], ARGV[2]
 if keep then
   now = now or redis.call("time")
@@ -75,7 +79,6 @@ if redis.call("set", KEYS[1], record, "NX", "EX", expiry) then
     redis.call("set", fence_key, string.format("%.0f", fence), "EX", ARGV[3])
   end
   if checkpoint_key then
-    local saved = redis.call("get", checkpoint_key)
     return {"CLAIMED", fence, saved and {saved} or {}}
   end
   if not fence_key then
@@ -106,6 +109,15 @@ end
 local deadline, claimed, token = held_parts(holder)
 if (token or holder) == ARGV[1] and ARGV[4] == "wait" then
   redis.call("set", KEYS[1], holder, "KEEPTTL")
+end
+if checkpoint_key and (token or holder) == ARGV[1] then
+  -- This token's claim: if it is this handle's own, sent again after a lost reply, the
+  -- handle resumes from the checkpoint, so the reply carries it as a win's does.
+  local left = deadline and deadline - ms(now or redis.call("time")) or redis.pcall("pttl", KEYS[1])
+  if type(left) ~= "number" then
+    left = false
+  end
+  return {token or holder, left, counter, claimed or false, saved and {saved} or {}}
 end
 if deadline then
   return {token, deadline - ms(now or redis.call("time")), counter, claimed}

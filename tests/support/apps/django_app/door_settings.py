@@ -1,7 +1,9 @@
 """Settings with the Django door installed: a header-reading auth middleware, then IdempotencyMiddleware.
 
 ``GOBLIN_TEST_REDIS_PORT`` names the server, ``GOBLIN_TEST_NAMESPACE`` the keys'
-prefix, ``GOBLIN_TEST_WAIT`` how long a duplicate waits for a first request.
+prefix, ``GOBLIN_TEST_WAIT`` how long a duplicate waits for a first request;
+``GOBLIN_TEST_AT_MOST_ONCE=1`` and ``GOBLIN_TEST_EXPOSE_HOLDER=1`` turn those options on,
+``GOBLIN_TEST_LEASE`` sets the lease.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ GOBLIN_CLAIM_IDEMPOTENCY = {
     "namespace": os.environ["GOBLIN_TEST_NAMESPACE"],
     "wait": float(os.environ.get("GOBLIN_TEST_WAIT", "0")),
     "scope": lambda request: request.user_id,
-    "lease": 30,
+    "lease": int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
+    "at_most_once": os.environ.get("GOBLIN_TEST_AT_MOST_ONCE") == "1",
+    "expose_holder": os.environ.get("GOBLIN_TEST_EXPOSE_HOLDER") == "1",
 }
 # The tests' auth is a header read by a custom middleware, not Django's AuthenticationMiddleware.
 SILENCED_SYSTEM_CHECKS = ["goblin_claim.W001"]

@@ -1,7 +1,8 @@
 """The views: each run counts itself in Redis (the test reads the counters from its own process).
 
 ``GOBLIN_TEST_REDIS_PORT`` names the server, ``GOBLIN_TEST_NAMESPACE`` the counters'
-prefix, ``GOBLIN_TEST_DELAY`` how long a view works.
+prefix, ``GOBLIN_TEST_DELAY`` how long a view works. The sync view pushes its process id
+to ``<namespace>:runs:sync:pids``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def health(request: HttpRequest) -> HttpResponse:
 def order_sync(request: HttpRequest) -> JsonResponse:
     """A sync view (Django runs it in a thread, which a disconnect does not stop): count, work, count the end."""
     items = json.loads(request.body)["items"]
+    _sync().rpush(f"{COUNTERS}:sync:pids", os.getpid())
     run = _sync().incr(f"{COUNTERS}:sync")
     time.sleep(DELAY)
     _sync().incr(f"{COUNTERS}:sync:finished")

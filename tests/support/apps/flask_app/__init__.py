@@ -2,7 +2,10 @@
 
 ``GOBLIN_TEST_REDIS_PORT`` names the server, ``GOBLIN_TEST_NAMESPACE`` the keys'
 prefix (the runs are counted under ``<namespace>:runs``), ``GOBLIN_TEST_DELAY``
-how long a view works, ``GOBLIN_TEST_WAIT`` how long a duplicate waits.
+how long a view works, ``GOBLIN_TEST_WAIT`` how long a duplicate waits;
+``GOBLIN_TEST_AT_MOST_ONCE=1`` and ``GOBLIN_TEST_EXPOSE_HOLDER=1`` turn those options on,
+``GOBLIN_TEST_LEASE`` sets the lease. Each run pushes its process id to
+``<namespace>:runs:<view>:pids``.
 """
 
 from __future__ import annotations
@@ -24,11 +27,18 @@ NAMESPACE = os.environ["GOBLIN_TEST_NAMESPACE"]
 COUNTERS = f"{NAMESPACE}:runs"
 DELAY = float(os.environ.get("GOBLIN_TEST_DELAY", "1.5"))
 WAIT = float(os.environ.get("GOBLIN_TEST_WAIT", "0"))
+# The options a test turns on through the environment (at most once, the holder named, a short lease).
+UNIT = {
+    "at_most_once": os.environ.get("GOBLIN_TEST_AT_MOST_ONCE") == "1",
+    "expose_holder": os.environ.get("GOBLIN_TEST_EXPOSE_HOLDER") == "1",
+    "lease": int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
+}
 _counters = redis.Redis(host="127.0.0.1", port=PORT)
 
 
 def work(name: str) -> int:
-    """Count a run, work DELAY seconds, count its end."""
+    """Count a run (and its process), work DELAY seconds, count its end."""
+    _counters.rpush(f"{COUNTERS}:{name}:pids", os.getpid())
     run = int(_counters.incr(f"{COUNTERS}:{name}"))
     time.sleep(DELAY)
     _counters.incr(f"{COUNTERS}:{name}:finished")
@@ -45,7 +55,7 @@ def create_app() -> Flask:
 
     idempotency = Idempotency(
         client=lambda: redis.Redis(host="127.0.0.1", port=PORT, socket_timeout=5),
-        namespace=NAMESPACE, wait=WAIT, scope=lambda _request: g.user_id,
+        namespace=NAMESPACE, wait=WAIT, scope=lambda _request: g.user_id, **UNIT,
     )  # fmt: skip
     idempotency.init_app(app)
 
@@ -112,4 +122,6 @@ def bare(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterabl
 def create_wsgi() -> Any:
     """The bare WSGI app behind the WSGI middleware (a gunicorn factory)."""
     client = redis.Redis(host="127.0.0.1", port=PORT, socket_timeout=5)
-    return IdempotencyMiddleware(bare, client=client, namespace=NAMESPACE, wait=WAIT, routes={"/webhook": "ignore"})
+    return IdempotencyMiddleware(
+        bare, client=client, namespace=NAMESPACE, wait=WAIT, routes={"/webhook": "ignore"}, **UNIT
+    )

@@ -9,7 +9,7 @@ from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
 from goblin_claim.celery import IdempotentTask
-from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, data, mark, url
+from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, data, mark, unreachable, url
 
 app = Celery("gc_jobs", broker=url(), backend=url())
 app.conf.update(
@@ -48,6 +48,39 @@ def charge(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
 )
 def charge30(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
     """Charge once per event id under the README's 30 s lease: an in-flight retry would come a lease later."""
+    return charge_card(event_id, amount)
+
+
+@app.task(
+    base=IdempotentTask,
+    bind=True,
+    name="jobs.charge_open",
+    idempotency={"client": unreachable, "key": "event_id", "lease": LEASE, "ttl": 600, "fail_open": True},
+)
+def charge_open(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: runs anyway (fail_open), once per delivery."""
+    return charge_card(event_id, amount)
+
+
+@app.task(
+    base=IdempotentTask,
+    bind=True,
+    name="jobs.charge_closed",
+    idempotency={"client": unreachable, "key": "event_id", "lease": LEASE, "ttl": 600},
+)
+def charge_closed(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: refused (the default), never runs."""
+    return charge_card(event_id, amount)
+
+
+@app.task(
+    base=IdempotentTask,
+    bind=True,
+    name="jobs.charge_at_most_once",
+    idempotency={"client": data, "key": "event_id", "lease": LEASE, "ttl": 600, "at_most_once": True},
+)
+def charge_at_most_once(self: IdempotentTask, event_id: str, amount: int) -> Receipt:
+    """Charge at most once per event id: never again after an attempt that ended without a result."""
     return charge_card(event_id, amount)
 
 

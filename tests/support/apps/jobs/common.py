@@ -5,7 +5,8 @@ or ``gate`` to wait until the test sets ``gate:<id>``; taken once with GETDEL so
 first run pauses) and reads back ``charges:<id>``
 (how many times the side effect ran), ``pids:<id>`` (the processes that ran the job) and
 ``returned:<id>`` (when each run returned, Unix time). ``mark`` records when a queue's
-job copy started or finished, by its queue's id, for the latency figures.
+job copy started or finished, by its queue's id, for the latency figures. The fail-open
+jobs claim through ``unreachable()``, a Redis nobody listens at, while the broker is up.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import os
 import time
 
 import redis
+import redis.asyncio
 from pydantic import BaseModel
+
+from goblin_claim import current_claim
 
 LEASE = int(os.environ.get("GC_JOBS_LEASE", "3"))
 
@@ -37,6 +41,16 @@ def data() -> redis.Redis:
     return redis.Redis.from_url(url())
 
 
+def unreachable() -> redis.Redis:
+    """A client of a Redis out of reach (``GC_JOBS_UNREACHABLE_URL``: nothing listens there), for the fail-open jobs."""
+    return redis.Redis.from_url(os.environ["GC_JOBS_UNREACHABLE_URL"], socket_connect_timeout=1, retry=None)
+
+
+def unreachable_async() -> redis.asyncio.Redis:
+    """The asyncio twin of ``unreachable`` (arq's jobs)."""
+    return redis.asyncio.Redis.from_url(os.environ["GC_JOBS_UNREACHABLE_URL"], socket_connect_timeout=1, retry=None)
+
+
 def _pause(client: redis.Redis, name: str, event_id: str) -> None:
     pause = client.getdel(name)
     if pause == b"gate":  # until the test opens it, or 30 s
@@ -56,6 +70,23 @@ def charge_card(event_id: str, amount: int) -> Receipt:
     _pause(client, f"pause:after:{event_id}", event_id)
     client.rpush(f"returned:{event_id}", time.time())
     return Receipt(event_id=event_id, amount=amount, charge_number=number)
+
+
+def checkpointed_steps(event_id: str, steps: int = 4) -> dict[str, object]:
+    """Steps, each counted (``step:<id>:<n>``) then checkpointed; resumed after the last checkpoint.
+
+    ``pause:step<n>:<id>`` pauses the first run after step n's checkpoint (the test kills it there).
+    """
+    claim = current_claim()
+    saved = claim.last_checkpoint
+    resumed = None if saved is None else int(saved)
+    client = data()
+    client.rpush(f"pids:{event_id}", os.getpid())
+    for step in range(1 if resumed is None else resumed + 1, steps + 1):
+        client.incr(f"step:{event_id}:{step}")
+        claim.checkpoint(str(step))
+        _pause(client, f"pause:step{step}:{event_id}", event_id)
+    return {"event_id": event_id, "resumed_after": resumed}
 
 
 _marks: list[redis.Redis] = []

@@ -11,7 +11,7 @@ from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
 from goblin_claim.dramatiq import Idempotency
-from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, data, mark, url
+from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, data, mark, unreachable, url
 
 
 class Marks(dramatiq.Middleware):
@@ -59,4 +59,26 @@ def charge(event_id: str, amount: int) -> Receipt:
 )
 def charge30(event_id: str, amount: int) -> Receipt:
     """Charge once per event id under the README's 30 s lease: an in-flight retry would come a lease later."""
+    return charge_card(event_id, amount)
+
+
+@dramatiq.actor(
+    actor_name="jobs.dramatiq.charge_open",
+    store_results=True,
+    max_retries=0,
+    idempotency={"client": unreachable, "key": "event_id", "lease": LEASE, "ttl": 600, "fail_open": True},
+)
+def charge_open(event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: runs anyway (fail_open), once per delivery."""
+    return charge_card(event_id, amount)
+
+
+@dramatiq.actor(
+    actor_name="jobs.dramatiq.charge_closed",
+    store_results=True,
+    max_retries=0,
+    idempotency={"client": unreachable, "key": "event_id", "lease": LEASE, "ttl": 600},
+)
+def charge_closed(event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: refused (the default), never runs."""
     return charge_card(event_id, amount)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from goblin_claim.rq import idempotent_job
-from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, data
+from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, checkpointed_steps, data, unreachable
 
 
 @idempotent_job(data, key="event_id", lease=LEASE, ttl=600, namespace="jobs.rq.charge")
@@ -16,3 +16,27 @@ def charge(event_id: str, amount: int) -> Receipt:
 def charge30(event_id: str, amount: int) -> Receipt:
     """Charge once per event id under the README's 30 s lease: an in-flight retry would come a lease later."""
     return charge_card(event_id, amount)
+
+
+@idempotent_job(unreachable, key="event_id", lease=LEASE, ttl=600, namespace="jobs.rq.charge_open", fail_open=True)
+def charge_open(event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: runs anyway (fail_open), once per delivery."""
+    return charge_card(event_id, amount)
+
+
+@idempotent_job(unreachable, key="event_id", lease=LEASE, ttl=600, namespace="jobs.rq.charge_closed")
+def charge_closed(event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: refused (the default), never runs."""
+    return charge_card(event_id, amount)
+
+
+@idempotent_job(data, key="event_id", lease=LEASE, ttl=600, namespace="jobs.rq.charge_amo", at_most_once=True)
+def charge_at_most_once(event_id: str, amount: int) -> Receipt:
+    """Charge at most once per event id: never again after an attempt that ended without a result."""
+    return charge_card(event_id, amount)
+
+
+@idempotent_job(data, key="event_id", lease=LEASE, ttl=600, namespace="jobs.rq.steps", checkpoints=True)
+def steps(event_id: str) -> dict[str, object]:
+    """Four checkpointed steps: a retry after a kill resumes after the last one."""
+    return checkpointed_steps(event_id)
