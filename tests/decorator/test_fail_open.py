@@ -316,6 +316,23 @@ def test_fail_open_is_checked_at_decoration() -> None:
             idempotent(redis.Redis(port=servers.free_port()), key="order", namespace="ns", fail_open=bad)(charge)  # type: ignore[arg-type]
 
 
+def test_fail_open_and_at_most_once_together_are_refused_before_any_io() -> None:
+    """fail_open runs work unclaimed, at_most_once never twice: the decorator and every door refuse both at once."""
+    from goblin_claim import asgi, wsgi
+
+    charge, runs = counted()
+    client = redis.Redis(port=servers.free_port())
+    with pytest.raises(goblin_claim.InvalidArgumentError, match="fail_open and at_most_once contradict"):
+        idempotent(client, key="order", namespace="ns", fail_open=True, at_most_once=True)(charge)
+    for door in (asgi.IdempotencyMiddleware, wsgi.IdempotencyMiddleware):
+        with pytest.raises(goblin_claim.InvalidArgumentError, match="fail_open and at_most_once contradict"):
+            door(lambda *_: None, client=client, fail_open=True, at_most_once=True)  # type: ignore[arg-type]
+    assert runs == []
+    # Each alone is accepted.
+    idempotent(client, key="order", namespace="ns", fail_open=True)(charge)
+    idempotent(client, key="order", namespace="ns", at_most_once=True)(charge)
+
+
 def test_fail_open_holds_for_async_callers_on_one_loop() -> None:
     """Two asyncio callers at once, the server out of reach: each runs (at-least-once), neither is stored."""
     runs: list[str] = []
