@@ -400,7 +400,10 @@ UNITS = "+time"
 def test_at_most_once_and_checkpoints_run_with_time_added(user_client: Any, line: str) -> None:
     """With +time: an at-most-once checkpointed claim, its renewal, checkpoint, release, the next claim and complete."""
     rules, native = LINES[line]
-    namespace, name, password, admin, port = user_client(f"{rules} {UNITS}", native)
+    # A line with the probe's +command|info takes the server's own commands for a plain reader, which
+    # judges an at-most-once record by PTTL and PEXPIRETIME (acl.md: add +pexpiretime to such lines).
+    reads = " +pexpiretime" if "command|info" in rules else ""
+    namespace, name, password, admin, port = user_client(f"{rules} {UNITS}{reads}", native)
     with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
         options = {"namespace": namespace, "at_most_once": True, "checkpoints": True, "fencing": True}
         owner = Claim(client, unique(), lease=5, **options)
