@@ -256,7 +256,7 @@ def test_at_most_once_runs_every_step_as_a_script_where_native_commands_exist(dr
     owner.checkpoint(b"step=1")
     keeper = _keep_alive(driver, owner, lambda k: k.renewals >= 1 or k.lost)
     assert not keeper.lost
-    # A plain handle: SET ... NX GET, then GET, PTTL and PEXPIRETIME for the holder's lease (every server here has them).
+    # A plain handle: SET ... NX GET, then GET, PTTL and PEXPIRETIME for the lease left (every server here has them).
     assert isinstance(driver.claim(owner.key).acquire(), InFlight)
     assert owner.release() is True
     again = driver.claim(owner.key, at_most_once=True)
