@@ -335,7 +335,7 @@ def acl_operation_findings(
     labels = {"scripts": "scripts", "native": "native", "commands": "server's own commands"}
     wake_missing: dict[str, set[str]] = {}
     for path, rows in paths:
-        problems, untaken = [], []
+        problems, untaken, options_only = [], [], []
         for operation, needs, wake in rows:
             missing = sorted(needs & lacking.keys())
             if taken.get(operation) == path:
@@ -345,6 +345,7 @@ def acl_operation_findings(
                     wake_missing.setdefault(command, set()).add(operation)
             elif missing:
                 untaken.extend(missing)
+                options_only.append(f"{operation} lacks {' '.join(missing)}")
         grant = sorted({command for row in rows for command in row[1]})
         if problems:
             findings.append(
@@ -354,13 +355,17 @@ def acl_operation_findings(
                     f"grant ~{keys} " + " ".join(f"+{command}" for command in grant),
                 )
             )
-        elif untaken and path == "scripts":
+        if untaken and path == "scripts":
+            # What only options send (checkpoint(), at-most-once records, fences): a note, beside any problem.
+            if problems:
+                what = "; ".join(options_only) + ", for"
+            else:
+                what = f"lacks {' '.join(sorted(set(untaken)))}: no operation of a default handle takes it here, but"
             findings.append(
                 Finding(
                     "note",
-                    f"ACL user {user!r} on the scripts path lacks {' '.join(sorted(set(untaken)))}: no operation of a "
-                    "default handle takes it here, but handles with at_most_once, checkpoints, fencing, replicas=, "
-                    'two keys (from_keys) or native="never" do, and raise an error naming the permission',
+                    f"ACL user {user!r} on the scripts path {what} handles with at_most_once, checkpoints, fencing, "
+                    'replicas=, two keys (from_keys) or native="never", which raise an error naming the permission',
                     f"grant ~{keys} " + " ".join(f"+{command}" for command in grant) + " for those options",
                 )
             )
