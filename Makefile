@@ -194,10 +194,12 @@ bench-peers: $(STAMP) redis-server
 	$(BIN)/python -m pip install --quiet --group peers
 	$(BIN)/python benchmarks/peers.py
 
-# Server CPU per call (INFO commandstats): the EVALSHA claim against GOBLIN.CLAIM, then
-# on Valkey release and extend as scripts, as the module's GOBLIN.CAD, and as DELIFEQ / SET IFEQ.
+# Server CPU per call (INFO commandstats): the EVALSHA claim against GOBLIN.CLAIM and SET NX GET,
+# then on Valkey release and extend as scripts, as the module's GOBLIN.CAD, and as DELIFEQ / SET IFEQ;
+# then (INFO cpu) each operation through the SDK against the plain commands, and a shard's ceiling.
 bench-server: $(STAMP) redis-server valkey-server native
 	$(BIN)/python benchmarks/server_cost.py --module $(MODULE) --valkey $(VALKEY_SERVER)
+	$(BIN)/python benchmarks/server_cpu.py --valkey $(VALKEY_SERVER)
 
 # The nemesis by hand (tests/support/nemesis.py): CHAOS_RUNS schedules of CHAOS_SECONDS seconds of seeded
 # random faults over a Redis Cluster of three primaries with REPLICAS (1 or 2) replicas each, every

@@ -10,17 +10,19 @@ The counts repeat from run to run within a fraction of a percent whatever else t
 machine does.
 
 Rows: ``@idempotent``'s first call with and without its keep-alive, the two raw
-round trips a first call needs (``EVALSHA`` claim, ``SET`` result), the same with
-the SDK's own store script (owner-checked and announced to waiters), Powertools'
-first call (when the ``peers`` group is installed: ``make bench-peers``), and a
-duplicate through ``@idempotent`` against a raw ``EVALSHA`` of the claim script
-that reads the same completed record. Beside each, the server's time running the
-commands the calls sent (``INFO commandstats``), which a wall clock adds to the
-client's on a machine that runs both.
+round trips a first call needs (``EVALSHA`` claim, ``SET`` result; and the two plain
+commands, ``SET ... NX GET`` and ``SET``), the same with the SDK's own store script
+(owner-checked and announced to waiters), Powertools' first call (when the ``peers``
+group is installed: ``make bench-peers``), a duplicate through ``@idempotent`` against a
+raw ``EVALSHA`` of the claim script (and a raw ``SET ... NX GET``) that reads the same
+completed record, and a first
+call and a duplicate through the handle (``Claim.acquire()``, ``complete()``). Beside
+each, the server's time running the commands the calls sent (``INFO commandstats``),
+which a wall clock adds to the client's on a machine that runs both.
 
 Needs valgrind. Uses REDIS_URL, else starts a redis-server on a free port.
 
-    python benchmarks/instructions.py [--calls 2000]
+    python benchmarks/instructions.py [--calls 2000] [--only CONTENDER ...]
 """
 
 from __future__ import annotations
@@ -46,11 +48,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from overhead import server_url  # noqa: E402
 
-from goblin_claim import idempotent  # noqa: E402
+from goblin_claim import Claim, idempotent  # noqa: E402
 from goblin_claim._protocol.scripts import CLAIM, COMPLETE  # noqa: E402
 
 WARM_UP = 200
-CONTENDERS = ("keep-alive", "no-keep-alive", "raw-first", "raw-scripts", "powertools", "duplicate", "raw-duplicate")
+CONTENDERS = (
+    "keep-alive", "no-keep-alive", "raw-first", "raw-scripts", "raw-commands", "powertools", "duplicate",
+    "raw-duplicate", "raw-set-duplicate", "raw-get", "handle-first", "handle-duplicate",
+)  # fmt: skip
 
 
 def charge(order_id: str) -> dict[str, object]:
@@ -75,6 +80,22 @@ def child(url: str, contender: str, calls: int) -> None:
             key = f"ins-raw:{{o-{run}-{next(ids)}}}"
             client.evalsha(sha, 2, key, key, "t", 30)
             client.set(key, b'{"status":"charged"}', ex=30)
+    elif contender == "raw-commands":  # the two plain commands a first call's job takes, sent raw
+        for _ in range(total):
+            key = f"ins-rawc:{{o-{run}-{next(ids)}}}"
+            client.set(key, "t", nx=True, get=True, ex=30)
+            client.set(key, b'{"status":"charged"}', ex=86400)
+    elif contender == "handle-first":  # a first call through the handle: acquire(), complete()
+        for _ in range(total):
+            handle = Claim(client, f"o-{run}-{next(ids)}", namespace="ins-handle")
+            handle.acquire()
+            handle.complete(b'{"status":"charged"}')
+    elif contender == "handle-duplicate":  # a duplicate through the handle, of a completed record
+        done = Claim(client, "o-1", namespace=f"ins-hdup-{run}")
+        done.acquire()
+        done.complete(b'{"status":"charged"}')
+        for _ in range(total):
+            Claim(client, "o-1", namespace=f"ins-hdup-{run}").acquire()
     elif contender == "raw-scripts":  # the SDK's own two scripts: the store owner-checked and announced
         claim, complete = client.script_load(CLAIM.source), client.script_load(COMPLETE.source)
         for _ in range(total):
@@ -101,6 +122,14 @@ def child(url: str, contender: str, calls: int) -> None:
         if contender == "duplicate":
             for _ in range(total):
                 duplicate("o-1")
+        elif contender == "raw-set-duplicate":  # the server's own claim of the same record, sent raw
+            record = f"ins-dup-{run}:{{o-1}}"
+            for _ in range(total):
+                client.set(record, "t", nx=True, get=True, ex=30)
+        elif contender == "raw-get":  # the floor of a read in one round trip: GET of the record
+            record = f"ins-dup-{run}:{{o-1}}"
+            for _ in range(total):
+                client.get(record)
         else:
             sha = client.script_load(CLAIM.source)
             record = f"ins-dup-{run}:{{o-1}}"
@@ -140,6 +169,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--child", choices=CONTENDERS)
     parser.add_argument("--url")
+    parser.add_argument("--only", nargs="+", choices=CONTENDERS, help="run these contenders alone")
     args = parser.parse_args()
     if args.child:
         child(args.url, args.child, args.calls)
@@ -147,6 +177,8 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found (Debian: apt-get install valgrind)")
     contenders = [c for c in CONTENDERS if c != "powertools" or importlib.util.find_spec("aws_lambda_powertools")]
+    if args.only:
+        contenders = [c for c in contenders if c in args.only]
     with server_url() as url, tempfile.TemporaryDirectory() as scratch:
         measured = {c: per_call(url, c, args.calls, Path(scratch)) for c in contenders}
     counts = {c: count for c, (count, _) in measured.items()}
@@ -154,18 +186,31 @@ def main() -> None:
     print("(callgrind) and the server's time running its commands (INFO commandstats)")
     for contender, (count, usec) in measured.items():
         print(f"  {contender:<14} {count / 1000:8.1f}k   server {usec:5.1f} us")
-    ka, nk = counts["keep-alive"], counts["no-keep-alive"]
-    print(f"a keep-alive adds {ka - nk:,.0f} instructions to a first call: {(ka - nk) / ka:.1%} of it")
-    print(f"first call against two raw round trips: {ka / counts['raw-first']:.2f}x the instructions")
     server = {c: usec for c, (_, usec) in measured.items()}
-    print(
-        f"the server's time for a first call: {server['keep-alive']:.1f} us, for the SDK's two scripts sent raw "
-        f"{server['raw-scripts']:.1f} us, for EVALSHA + SET {server['raw-first']:.1f} us"
-        + (f", for Powertools' {server['powertools']:.1f} us" if "powertools" in server else "")
-    )
-    if "powertools" in counts:
-        print(f"Powertools' first call: {counts['powertools'] / ka:.2f}x the instructions of @idempotent's")
-    print(f"a duplicate against raw EVALSHA: {counts['duplicate'] / counts['raw-duplicate']:.2f}x the instructions")
+
+    def ratio(label: str, a: str, b: str) -> None:
+        if a in counts and b in counts:
+            print(f"{label}: {counts[a] / counts[b]:.2f}x the instructions")
+
+    if "keep-alive" in counts and "no-keep-alive" in counts:
+        ka, nk = counts["keep-alive"], counts["no-keep-alive"]
+        print(f"a keep-alive adds {ka - nk:,.0f} instructions to a first call: {(ka - nk) / ka:.1%} of it")
+    ratio("first call against two raw round trips (EVALSHA, SET)", "keep-alive", "raw-first")
+    ratio("first call against the two plain commands (SET NX GET, SET)", "keep-alive", "raw-commands")
+    ratio("a handle's first call (acquire, complete) against the two plain commands", "handle-first", "raw-commands")
+    if {"keep-alive", "raw-scripts", "raw-first"} <= server.keys():
+        print(
+            f"the server's time for a first call: {server['keep-alive']:.1f} us, for the SDK's two scripts sent raw "
+            f"{server['raw-scripts']:.1f} us, for EVALSHA + SET {server['raw-first']:.1f} us"
+            + (f", for SET NX GET + SET {server['raw-commands']:.1f} us" if "raw-commands" in server else "")
+            + (f", for Powertools' {server['powertools']:.1f} us" if "powertools" in server else "")
+        )
+    ratio("Powertools' first call against @idempotent's", "powertools", "keep-alive")
+    ratio("a duplicate against raw EVALSHA", "duplicate", "raw-duplicate")
+    ratio("a duplicate against a raw SET NX GET", "duplicate", "raw-set-duplicate")
+    ratio("a handle's duplicate against a raw SET NX GET", "handle-duplicate", "raw-set-duplicate")
+    ratio("a duplicate against a raw GET", "duplicate", "raw-get")
+    ratio("a handle's duplicate against raw EVALSHA", "handle-duplicate", "raw-duplicate")
 
 
 if __name__ == "__main__":

@@ -139,6 +139,9 @@ def sync_rows(client: redis.Redis) -> list[Row]:
     def raw_duplicate() -> object:
         return client.evalsha(CLAIM.sha, 2, claim_key, result_key, "t", LEASE)
 
+    def raw_get() -> object:
+        return client.get(claim_key)
+
     def one_by_one(n: int) -> None:
         for _ in range(n):
             Claim(client, fresh("b"), lease=LEASE, namespace="bench-batch").acquire()
@@ -174,6 +177,8 @@ def sync_rows(client: redis.Redis) -> list[Row]:
                     "raw EVALSHA (same script)",
                     repeat(raw_duplicate),
                 ),
+                # The floor of any duplicate in one round trip over this client: a plain GET.
+                Contender("raw GET of the record (one plain round trip)", repeat(raw_get)),
                 Contender("Powertools idempotency", repeat(lambda: pt_charge(order=done))),
             ],
             baseline="Powertools idempotency",
@@ -194,6 +199,8 @@ def sync_rows(client: redis.Redis) -> list[Row]:
                     "raw EVALSHA claim + EVALSHA complete (the SDK's scripts)",
                     repeat(lambda: _raw_first_scripts_sync(client)),
                 ),
+                # The two plain commands that do a first call's job, without an owner check.
+                Contender("raw SET NX GET claim + SET result", repeat(lambda: _raw_first_commands_sync(client))),
             ],
             baseline="Powertools idempotency",
             # The raw row is the ceiling (about 1.3-1.4x here): no library over this client passes it.
@@ -318,6 +325,12 @@ def _raw_first_sync(client: redis.Redis) -> None:
     key = fresh("raw")
     client.evalsha(CLAIM.sha, 2, f"bench:{{{key}}}:claim", f"bench:{{{key}}}:result", "t", LEASE)
     client.set(f"bench:{{{key}}}:result", b'{"status":"charged"}', ex=LEASE)
+
+
+def _raw_first_commands_sync(client: redis.Redis) -> None:
+    key = f"bench:{{{fresh('rawc')}}}"
+    client.set(key, "t", nx=True, get=True, ex=LEASE)
+    client.set(key, b'{"status":"charged"}', ex=TTL)
 
 
 def _raw_first_scripts_sync(client: redis.Redis) -> None:

@@ -46,7 +46,21 @@ from ._errors import (
     StillInFlightError,
 )
 from ._outcomes import Claimed, Completed, InFlight
-from ._protocol.scripts import CLAIM, EXTEND, FORGET, RELEASE, Script, native_command, owner_check
+from ._protocol.scripts import (
+    CLAIM,
+    COMPLETE,
+    DELEX,
+    DELIFEQ,
+    EXTEND,
+    FORGET,
+    NATIVE_COMMANDS,
+    RELEASE,
+    SET_IFEQ,
+    SET_NX_GET,
+    Script,
+    native_command,
+    owner_check,
+)
 
 __all__ = [
     "NOTICES",
@@ -102,7 +116,7 @@ OUTCOMES: Final = frozenset(
 # operation -> its outcomes
 NOTICES: Final = {
     "script_reload": frozenset({"reloaded"}),
-    # owner_check: a built-in owner check (DELIFEQ, SET IFEQ) refused, by an ACL or a server without it
+    # owner_check: the server's own command (DELIFEQ, SET IFEQ, SET NX GET) refused, by an ACL or a server without it
     "native_fallback": frozenset({"fell_back", "owner_check"}),
     "wake": frozenset({"push", "poll"}),
 }
@@ -151,7 +165,9 @@ class Event(NamedTuple):
         outcome: One of ``OUTCOMES`` (or the notice's own).
         namespace: The key's namespace; ``None`` for handles made with ``from_keys``.
         key: The handle's key, verbatim (listeners are the application's own code).
-        path: ``"native"`` or ``"script"``: how the server was asked; ``None`` when unknown.
+        path: How the server was asked: ``"command"`` (its own commands: ``SET ... NX GET``,
+            ``SET ... IFEQ``, ``DELIFEQ``, ``DELEX``), ``"native"`` (the module's
+            ``GOBLIN.CLAIM`` / ``GOBLIN.CAD``) or ``"script"`` (Lua); ``None`` when unknown.
         duration: Seconds the operation took; ``None`` for notices.
         fence: With ``fencing=True``, the fence of a claim taken.
         error: The exception the operation raised, or ``None``; for ``failed_open``, the
@@ -223,7 +239,7 @@ def namespace_of(claim: Any) -> str | None:
 
 
 def path_of(claim: Any, script: Script | None) -> str | None:
-    """How ``claim``'s client sends ``script`` now: ``"native"``, ``"script"``, or ``None`` before any probe."""
+    """How ``claim``'s client sends ``script`` now: "command", "native" or "script"; ``None`` before any probe."""
     if script is None:
         return "script"
     from ._clients.transport import state_of  # the drivers import this module: no cycle at import time
@@ -232,12 +248,12 @@ def path_of(claim: Any, script: Script | None) -> str | None:
     if available is None:
         return None
     try:
-        native = owner_check(claim._native, available, script) or native_command(
-            claim._native, available, script, claim.key
-        )
-        return "native" if native else "script"
+        native = native_command(claim._native, available, script, claim.key)  # raises first, as the drivers do
     except GoblinClaimError:
         return None
+    if owner_check(claim._native, available, script) is not None:
+        return "command"
+    return "native" if native else "script"
 
 
 # The outcome an error comes to, the first class it is an instance of deciding.
@@ -389,6 +405,8 @@ class Op:
             script = claim._extend_script  # an at-most-once record's is always the script
         elif script is RELEASE:
             script = claim._release_script
+        elif script is COMPLETE:
+            script = claim._store_script  # SET ... IFEQ where the record is plain and the server has it
         event = Event(
             self.operation,
             self.outcome or self._seen or "error",
@@ -471,11 +489,13 @@ def observing(operation: str, claim: Any) -> Op | _NoOp:
     return _NOTHING
 
 
+# The server's own commands the probe may find (PEXPIRETIME, a marker, left out).
+_OWN_COMMANDS: Final = (SET_NX_GET, SET_IFEQ, DELIFEQ, DELEX)
 # Which script each driver operation sends (None: always a script, no native form).
 _SCRIPTS: dict[str, Script | None] = {
     "acquire": CLAIM,
     "wait": CLAIM,
-    "complete": None,
+    "complete": COMPLETE,  # SET ... IFEQ where the server has it
     "extend": EXTEND,  # SET ... IFEQ where the server has it
     "release": RELEASE,
     "forget": FORGET,
@@ -656,7 +676,8 @@ def renewal(claim: Any, outcome: str, duration: float | None, context: object, e
 
     A lost lease and a failing renewal are logged at WARNING whether or not anything observes.
     """
-    event = Event("renew", outcome, namespace_of(claim), claim.key, "script", duration, None, error)
+    path = path_of(claim, claim._extend_script)  # SET ... IFEQ where the server has it
+    event = Event("renew", outcome, namespace_of(claim), claim.key, path, duration, None, error)
     if outcome == "unavailable":
         _RENEW_LOG.warning(
             "renew %s: renewal failing (%s), retried while the lease lasts",
@@ -702,14 +723,17 @@ def notice(claim: Any, operation: str, outcome: str) -> None:
 
 
 def probed(client: object, native: frozenset[str] | None, direct: bool) -> None:
-    """INFO, once per client: what the probe found."""
-    found = sorted(native or ())
+    """INFO, once per client: what the probe found (the module's commands, the server's own)."""
+    found = native or frozenset()
+    module = sorted(found & set(NATIVE_COMMANDS))
+    own = sorted(found & set(_OWN_COMMANDS))
     _SERVER_LOG.info(
-        "%s: %s; commands go %s",
+        "%s: %s; %s; commands go %s",
         type(client).__name__,
-        f"native {', '.join(found)}" if found else "no native commands, Lua scripts",
+        f"native {', '.join(module)}" if module else "no native commands",
+        f"its own {', '.join(own)}, else Lua scripts" if own else "Lua scripts",
         "straight through the pool" if direct else "through execute_command",
-        extra={"native": found, "direct": direct},
+        extra={"native": module, "commands": own, "direct": direct},
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Final, Generic, TypeVar, cast
@@ -18,6 +19,7 @@ from ._errors import (
     InvalidArgumentTypeError,
     NotReplicatedError,
     ResultLostError,
+    ServerError,
     ServerUnavailableError,
 )
 from ._outcomes import Claimed, Completed, InFlight, Outcome
@@ -50,16 +52,25 @@ from ._protocol.scripts import (
     CHECKPOINT,
     CLAIM,
     CLAIM_FENCED,
+    CLAIM_ONE_KEY,
+    CLAIM_WAITED,
     COMPLETE,
     COMPLETE_FENCED,
+    COMPLETE_ONE_KEY,
+    DELEX,
+    DELIFEQ,
     EXTEND,
     EXTEND_HELD,
     FORGET,
     RELEASE,
     RELEASE_HELD,
+    SET_IFEQ,
+    SET_NX_GET,
     Script,
     keyed,
     native_command,
+    owner_check,
+    owner_check_command,
     script_command,
 )
 from ._protocol.timing import WaitSchedule
@@ -86,6 +97,18 @@ class Stored:
 # What the checkpoint key adds to the record's (checkpoints=True).
 CHECKPOINT_SUFFIX: Final = ":checkpoint"
 _HELD_PREFIX: Final = b"held "
+# An at-most-once record, as complete.lua and claim.lua match it: deadline, claim time, token.
+_HELD: Final = re.compile(rb"held ([0-9]+) ([0-9]+) (.+)", re.DOTALL)
+_HELD_TEXT: Final = re.compile(r"held ([0-9]+) ([0-9]+) (.+)", re.DOTALL)
+# How many times a store by SET ... IFEQ may find the record changed under it before it gives up.
+_STORE_TRIES: Final = 8
+# The server's own commands, as an error names them.
+_BUILTIN_NAMES: Final = {
+    SET_NX_GET: "SET ... NX GET (Redis 7.0 and later, Valkey)",
+    SET_IFEQ: "SET ... IFEQ (Valkey 8.1 and later, Redis 8.4 and later)",
+    DELIFEQ: "DELIFEQ (Valkey 9.0 and later)",
+    DELEX: "DELEX (Valkey 9.2, Redis 8.4 and later)",
+}
 
 # complete.lua's replies.
 _STORED: Final = 1
@@ -325,8 +348,10 @@ class ClaimBase(Generic[ClientT]):
             return self._unit_claim_call()
         if self._fence_key is None:
             if self._replicas:  # "wait": a read-back is rewritten for the WAIT behind it (claim.lua)
-                return CLAIM, (self.claim_key, self.result_key, self.token, self.lease, 0, "wait")
-            return CLAIM, (self.claim_key, self.result_key, self.token, self.lease)
+                return CLAIM_WAITED, (self.claim_key, self.result_key, self.token, self.lease, 0, "wait")
+            # The one-key record: SET ... NX GET may take the claim (CLAIM_ONE_KEY), as GOBLIN.CLAIM may two keys.
+            script = CLAIM_ONE_KEY if self.claim_key is self.result_key or self.claim_key == self.result_key else CLAIM
+            return script, (self.claim_key, self.result_key, self.token, self.lease)
         # The counter outlives the claim and its result; past that, the clock takes over.
         keep = max(self.lease, self.ttl)
         fenced = (self.claim_key, self.result_key, self._fence_key, self.token, self.lease, keep)
@@ -349,14 +374,20 @@ class ClaimBase(Generic[ClientT]):
     def _claim_command(
         self, available: frozenset[str] | None, *, source: bool = False
     ) -> tuple[str | bytes | int, ...]:
-        """The claim as one command for a pipeline: GOBLIN.CLAIM where chosen, else the script.
+        """The claim as one command for a pipeline: SET ... NX GET or GOBLIN.CLAIM where chosen, else the script.
 
-        ``source`` sends the script's text (EVAL), for a server that lost its cache.
+        ``source`` sends the script's text (EVAL), for a server that lost its cache
+        (or one that refused its SET ... NX GET).
         """
         script, args = self._claim_call()
+        if source:
+            return script_command(script, args, source=True)
         # With replicas, always the script, as acquire() sends it: only it rewrites a read-back for the WAIT.
-        native = None if source or self._replicas else native_command(self._native, available, script, self.key)
-        return (native, *args) if native is not None else script_command(script, args, source=source)
+        check = None if self._replicas else owner_check(self._native, available, script)
+        if check is not None:
+            return owner_check_command(check, args, script)
+        native = None if self._replicas else native_command(self._native, available, script, self.key)
+        return (native, *args) if native is not None else script_command(script, args)
 
     def _claim_outcome(
         self,
@@ -495,6 +526,139 @@ class ClaimBase(Generic[ClientT]):
             return self.claim_key == self.result_key and not reply.startswith(DONE_PREFIX) and reply != CLAIMED
         return False
 
+    # -- the one-key record through the server's own commands (SET ... NX GET, SET ... IFEQ)
+
+    def _lease_reads(self) -> tuple[tuple[str, str], ...]:
+        """What a SET ... NX GET claim reads right behind it when it wants the lease left (see ``_by_command``)."""
+        return (("PTTL", self.claim_key), ("PEXPIRETIME", self.claim_key))
+
+    def _peek_commands(self) -> tuple[tuple[str, str], ...]:
+        """peek.lua without a script: the record, the lease it has left, and when it expires."""
+        return (("GET", self.claim_key), *self._lease_reads())
+
+    def _by_command(self, value: object, reads: list[object] | None, *, taken: bool) -> object:
+        """claim.lua's reply, from what the server's own commands read of the one-key record.
+
+        ``value`` is SET ... NX GET's reply (``taken``: its nil took the claim) or
+        GET's (nil: free, as peek.lua's ``{}``); ``reads`` the PTTL and PEXPIRETIME
+        read right behind it in the same round trip, ``None`` when they were not sent.
+        A token or an at-most-once record read without them is answered as is, and
+        needs one more read (``_needs_peek``). PEXPIRETIME less PTTL is the server's
+        clock, which an at-most-once record's deadline is read against, as claim.lua
+        reads it against TIME; a PTTL refused (an ACL) leaves the lease left unknown,
+        as in the scripts.
+        """
+        if value is None:
+            return CLAIMED if taken else []
+        held: re.Match[bytes] | re.Match[str] | None
+        if type(value) is bytes:
+            if value.startswith(_DONE_PREFIXES[0]):  # a completed record: the duplicate's answer, first
+                return value
+            held = _HELD.fullmatch(value)
+        elif type(value) is str:
+            if value.startswith(DONE_PREFIX):
+                return value
+            held = _HELD_TEXT.fullmatch(value)
+        else:
+            return value
+        if value in _CLAIMED_REPLIES:
+            # A raw holder named CLAIMED (no token the SDK gives): never a win here, but a holder
+            # beside the lease it has left; without that, None asks for the read, as GOBLIN.CLAIM's nil.
+            if reads is None:
+                return None
+            return [value, reads[0] if type(reads[0]) is int else False]
+        if reads is None:
+            return value
+        left, expiry = reads
+        if type(left) is not int:
+            left = False  # PTTL refused: the lease left is unknown
+        if held is None:
+            return [value, left]
+        if left is False or type(expiry) is not int or left == -1 or expiry == -1:
+            raise ServerError(
+                f"{self.key!r} holds an at-most-once record, whose deadline is read against the server's clock; "
+                "without a script that takes PTTL and PEXPIRETIME on the key (this user may not run them, or the "
+                "record has no expiry: not written by goblin-claim): grant +pttl +pexpiretime, or +@scripting",
+                key=self.key,
+            )
+        if left < 0 or expiry < 0:
+            return []  # gone between the reads: free
+        return [held.group(3), int(held.group(1)) - (expiry - left), False, int(held.group(2))]
+
+    @property
+    def _store_script(self) -> Script:
+        """complete()'s script where it has no fence, WAIT or checkpoint: COMPLETE_ONE_KEY may be SET ... IFEQ.
+
+        Not for an at-most-once record (``SET ... IFEQ token`` cannot match its
+        ``held ...`` value, which complete.lua completes), nor for two keys, nor with a
+        token that is not ASCII (the record's head is then encoded as the client
+        encodes it, in the script's arguments).
+        """
+        plain = self._fence_key is None and not self._replicas and self._keep is None and self._checkpoint_key is None
+        one_key = self.claim_key is self.result_key or self.claim_key == self.result_key
+        return COMPLETE_ONE_KEY if plain and one_key and self.token.isascii() else COMPLETE
+
+    def _store_verdict(self, raw: object, stored: object, encoding: str) -> tuple[object, object]:
+        """complete.lua's verdict on a one-key record holding ``raw``, read after its SET ... IFEQ did not store.
+
+        Returns ``(reply, None)``: complete.lua's reply (1 when this token's record of
+        this value is there already: a re-send; 2 another value; 3 gone; ``[0,
+        raw]`` another owner's). Or ``(None, expected)``: the record is this token's
+        to complete after all (it holds the token again, or this token's at-most-once
+        record, which complete.lua completes), so ``SET ... IFEQ expected`` goes again.
+        """
+        if raw is None:
+            return _UNPROVEN, None
+        value = raw if type(raw) is bytes else str(raw).encode(encoding)
+        token = self.token.encode(encoding)
+        if value == token:
+            return None, raw
+        held = _HELD.fullmatch(value)
+        if held is not None and held.group(3) == token:
+            return None, raw
+        mine = _DONE_PREFIXES[0] + token + b" "
+        if not value.startswith(mine):
+            return [0, raw], None
+        wanted = stored if isinstance(stored, bytes) else str(stored).encode(encoding)
+        return (_STORED if value[len(mine) :] == wanted else _COMPLETED_OTHERWISE), None
+
+    def _store_missed(self) -> ServerUnavailableError:
+        """The error once the record kept changing under a store by SET ... IFEQ (``_STORE_TRIES`` reads)."""
+        return ServerUnavailableError(
+            f"cannot complete {self.key!r} now: {self.claim_key!r} changed between each store and the read "
+            f"behind it, {_STORE_TRIES} times; nothing was written by this call; send it again",
+            key=self.key,
+        )
+
+    def _scripting_refused(self, script: Script, cause: BaseException, unprobed: bool) -> ServerError:
+        """The error for a script this user's ACL refuses: what it needs, and why this call needs a script here."""
+        if self._native == "never":
+            why = 'the handle was made with native="never", which asks for the scripts'
+        elif script.name in ("claim", "complete", "extend", "release", "checkpoint") and (
+            self._keep is not None or self._checkpoint_key is not None
+        ):
+            why = "at_most_once=True and checkpoints=True keep their records with the scripts"
+        elif self._fence_key is not None and script.name in ("claim", "complete", "checkpoint"):
+            why = "fencing=True numbers the owners inside the scripts"
+        elif self._replicas and script.name in ("claim", "complete"):
+            why = "replicas= rewrites what it reads for the WAIT, inside the scripts"
+        elif self.claim_key != self.result_key and script.name in ("claim", "complete"):
+            why = "a handle on two keys (from_keys) runs the scripts"
+        elif unprobed:
+            why = (
+                "the SDK could not ask this server which commands it has (COMMAND INFO is refused too): grant "
+                "+command|info, and the server's own commands serve what they can"
+            )
+        elif script.owner_checks:
+            why = "this server has no " + " or ".join(_BUILTIN_NAMES.get(name, name) for name in script.owner_checks)
+        else:
+            why = f"{script.name}.lua has no form without a script"
+        return ServerError(
+            f"{script.name} of {self.key!r} needs a Lua script ({script.name}.lua, sent as EVALSHA or EVAL), "
+            f"which this user's ACL refuses ({cause}): grant +@scripting (or +evalsha +eval); {why}",
+            key=self.key,
+        )
+
     def _owns(self, resent: bool, now: float, fence: object) -> bool:
         """Whether a claim holding this handle's token is this handle's own.
 
@@ -610,8 +774,10 @@ class ClaimBase(Generic[ClientT]):
             return keyed(COMPLETE, len(keys) - 2), (*args, "checkpoint")
         if self._fence_key is None:
             args = (self.claim_key, self.result_key, self.token, stored, self.ttl, marker, wake)
+            if not self._replicas:
+                return self._store_script, args
             # "wait": a refusal writes too, so the WAIT behind it means something (complete.lua).
-            return COMPLETE, (*args, "", "wait") if self._replicas else args
+            return COMPLETE, (*args, "", "wait")
         fence = "" if self._fence is None else self._fence
         keys = (self.claim_key, self.result_key, self._fence_key)
         fenced = (*keys, self.token, stored, self.ttl, marker, wake, fence)

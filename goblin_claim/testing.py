@@ -1,9 +1,12 @@
 """In-process Redis for testing code that uses goblin-claim, on both paths.
 
-``fake_redis(native=False)`` is a fakeredis client that runs the Lua scripts;
-``fake_redis(native=True)`` also answers GOBLIN.CLAIM and GOBLIN.CAD with the
-protocol's semantics, so code under test takes the native path. Needs the
-``testing`` extra (``pip install goblin-claim[testing]``: fakeredis with Lua).
+``fake_redis(native=False)`` is a fakeredis client that answers as a stock Redis 7:
+claims take its own ``SET ... NX GET``, the rest runs the Lua scripts
+(``fake_redis(native=False, version=(6, 2))`` runs the scripts alone, as Redis 6.2
+would); ``fake_redis(native=True)`` also answers GOBLIN.CLAIM and GOBLIN.CAD with
+the protocol's semantics, so code under test takes the native path where the server
+has no command of its own for it. Needs the ``testing`` extra (``pip install
+goblin-claim[testing]``: fakeredis with Lua).
 
 Example::
 
@@ -67,16 +70,22 @@ _COMMAND_INFO = {
 
 # fakeredis's command table lists commands it does not run (DELEX, in 2.41): these
 # clients' COMMAND INFO answers nil for them, as a server without them does, so the
-# SDK's probe never picks an owner check the fake would refuse.
+# SDK's probe never picks an owner check the fake would refuse. It also lists Redis 7's
+# commands whatever version it plays: these clients leave them out below 7, as Redis
+# 6.2 would, so the probe infers no SET ... NX GET there (which the fake refuses then).
 _NOT_RUN = frozenset({b"delex", b"delifeq"})
+_SINCE_7 = frozenset({b"expiretime", b"pexpiretime"})
 
 
 class _TruthfulCommandInfo:
-    """COMMAND INFO that lists only what the fake runs."""
+    """COMMAND INFO that lists only what the fake runs, at the version it plays."""
+
+    version: Any
 
     def command_info(self, *commands: bytes) -> list[Any]:
         plain: list[Any] = super().command_info(*commands)  # type: ignore[misc]
-        return [None if name.lower() in _NOT_RUN else entry for name, entry in zip(commands, plain, strict=True)]
+        lacking = _NOT_RUN | _SINCE_7 if self.version < (7,) else _NOT_RUN
+        return [None if name.lower() in lacking else entry for name, entry in zip(commands, plain, strict=True)]
 
 
 class _GoblinCommands(_TruthfulCommandInfo):

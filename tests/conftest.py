@@ -1,7 +1,10 @@
 """Fixtures: every backend crossed with both drivers, so one suite runs on all.
 
-Backends: fakeredis with scripts, fakeredis with the native commands, and real
-standalone / replicated / clustered redis-server. Drivers: ``Claim`` and ``AsyncClaim``.
+Backends: fakeredis with scripts (``fake``: it plays Redis 6.2, which has no SET ... NX
+GET, so every operation runs the Lua scripts), fakeredis with the native commands
+(``fake-native``: Redis 7, whose own SET ... NX GET takes the one-key claims), and real
+standalone / replicated / clustered redis-server (Redis 7: claims by SET ... NX GET, the
+rest by script). Drivers: ``Claim`` and ``AsyncClaim``.
 The core, failure-path and decorator suites also run behind Sentinel (``sentinel``: a
 primary, two replicas, three sentinels, reached through ``Sentinel.master_for``).
 Modules that set ``BACKENDS = ALL_BACKENDS`` also run on redis-server with the
@@ -720,7 +723,9 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     name = request.param
     if name in ("fake", "fake-native"):
         native = name == "fake-native"
-        server = fakeredis.FakeServer()
+        # The scripts' backend plays Redis 6.2: the server's own claim (SET ... NX GET, Redis 7) is
+        # the other backends', so the scripts keep a backend of their own in every suite.
+        server = fakeredis.FakeServer(version=(7,) if native else (6, 2))
         made = Backend(
             name,
             native=native,

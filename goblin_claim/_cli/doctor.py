@@ -11,8 +11,17 @@ from .._clients.families import (
     NO_PERMISSION,
     RESPONSE_ERRORS,
 )
-from .._protocol.scripts import BUILTIN_COMMANDS, NATIVE_COMMANDS, SCRIPTS
-from .acl import _acl_findings, _acl_operation_findings
+from .._protocol.scripts import (
+    BUILTIN_COMMANDS,
+    DELEX,
+    DELIFEQ,
+    NATIVE_COMMANDS,
+    SCRIPTS,
+    SET_IFEQ,
+    SET_NX_GET,
+    with_owner_checks,
+)
+from .acl import _DEFAULT_OPERATIONS, _acl_findings, _acl_operation_findings, _served
 from .connect import Client, _primaries, _short
 from .findings import Finding, _text
 
@@ -54,23 +63,50 @@ def native_finding(per_node: dict[str, bool | None]) -> Finding:
 
 
 def owner_check_finding(per_node: dict[str, frozenset[str]]) -> Finding | None:
-    """What the nodes' built-in owner checks (DELIFEQ, DELEX) mean; ``None`` where no node has one."""
-    if not per_node or not any(per_node.values()):
+    """What the nodes' own commands mean for a default handle; ``None`` where no node has one.
+
+    ``per_node``: what ``COMMAND INFO`` found of DELIFEQ, DELEX and PEXPIRETIME, from
+    which SET ... IFEQ and SET ... NX GET (and DEL for forget) are inferred.
+    """
+    found = {node: with_owner_checks(names) for node, names in per_node.items()}
+    served = {node: _served(names) for node, names in found.items()}
+    if not served or not any(served.values()):
         return None
-    names = sorted(set().union(*per_node.values()))
-    if all(per_node.values()):
+    if all(names == served[next(iter(served))] for names in served.values()):
+        ops = served[next(iter(served))]
+        rest = [operation for operation in _DEFAULT_OPERATIONS if operation not in ops]
+        scripted = (
+            f"; {', '.join(rest)} run the scripts (the server lacks "
+            + " and ".join(_lacking(found[next(iter(found))]))
+            + ")"
+            if rest
+            else ""
+        )
         return Finding(
             "ok",
-            f"the server has its own owner checks ({' / '.join(names)}, SET ... IFEQ): release() and extend() "
-            "use them, with no module or scripting",
+            "the server's own commands serve default handles, with no module or scripting: "
+            + ", ".join(f"{operation} ({command})" for operation, command in ops.items())
+            + scripted
+            + "; at_most_once, checkpoints, fencing, replicas= and two keys always run the scripts",
         )
-    lacking = [node for node, found in per_node.items() if not found]
+    common = set.intersection(*(set(ops) for ops in served.values()))
+    lacking = [node for node, ops in served.items() if set(ops) != set().union(*(set(o) for o in served.values()))]
     return Finding(
         "note",
-        f"{', '.join(lacking)} lack(s) the owner checks ({' / '.join(names)}) the other nodes have: release() and "
-        "extend() run as scripts there",
+        f"{', '.join(lacking)} lack(s) commands of their own the other nodes have: only "
+        + (", ".join(sorted(common)) or "nothing")
+        + " goes without scripts on every node",
         "run one server version on every node",
     )
+
+
+def _lacking(found: frozenset[str]) -> list[str]:
+    """The server's own commands a default handle would use that ``found`` lacks, as named to users."""
+    wanted = [(SET_NX_GET, "SET ... NX GET: Redis 7.0, Valkey"), (SET_IFEQ, "SET ... IFEQ: Valkey 8.1, Redis 8.4")]
+    named = [text for name, text in wanted if name not in found]
+    if DELIFEQ not in found and DELEX not in found:
+        named.append("DELIFEQ or DELEX: Valkey 9, Redis 8.4")
+    return named
 
 
 def eviction_finding(node: str, policy: str, maxmemory: int) -> Finding:
@@ -361,15 +397,18 @@ def doctor(
     findings = _server_findings(nodes, cluster)
     native = native_finding(_native_per_node(nodes))
     findings.append(native)
-    owner_checks = owner_check_finding(_owner_checks_per_node(nodes))
+    per_node = _owner_checks_per_node(nodes)
+    owner_checks = owner_check_finding(per_node)
     if owner_checks is not None:
         findings.append(owner_checks)
+    # What every node has (a cluster whose nodes differ: what serves everywhere).
+    builtins = frozenset.intersection(*map(with_owner_checks, per_node.values())) if per_node else frozenset()
     findings += _script_findings(client, cluster)
     findings += _eviction_findings(nodes)
     findings += _durability_findings(nodes, durable)
     if write:
-        findings += _acl_findings(client, namespace, native.level == "ok")
-        findings += _acl_operation_findings(client, namespace, native.level == "ok", cluster)
+        findings += _acl_findings(client, namespace, native.level == "ok", builtins)
+        findings += _acl_operation_findings(client, namespace, native.level == "ok", cluster, builtins)
     else:
         findings.append(Finding("note", "ACL not checked (--no-write)", "run doctor without --no-write to check it"))
     findings.append(pubsub_metrics_finding(*_observability_config()))

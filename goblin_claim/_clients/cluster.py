@@ -30,12 +30,26 @@ from typing import Any
 from .families import CONNECTION_ERRORS, RESPONSE_ERRORS, make_node_client
 from .transport import Sends, packed_commands, read_replies, send_direct_many, state_of
 
-__all__ = ["is_redirect", "node_round", "node_round_async"]
+__all__ = ["is_redirect", "node_round", "node_round_async", "resends"]
 
 # Redirections followed in one call: a slot moves once; a second MOVED means the
 # table was stale twice (a failover during a reshard); past that the cluster is
 # still settling, and the caller's own retry (the lease's) takes over.
 _REDIRECTS = 5
+
+
+def resends(client: Any) -> int:
+    """How many times ``client`` (a cluster client) sends a command again after its connection failed.
+
+    valkey-py counts them in ``cluster_error_retry_attempts``, redis-py in its ``Retry``.
+    """
+    attempts = getattr(client, "cluster_error_retry_attempts", None)
+    if isinstance(attempts, int):
+        return attempts
+    retries = getattr(getattr(client, "retry", None), "get_retries", None)
+    return int(retries()) if callable(retries) else 0
+
+
 # A slot table refreshed this recently is not refreshed again for another caller.
 _REFRESH_EVERY = 0.1
 # Held while a caller decides whether it refreshes a client's slot table (and marks it under way).

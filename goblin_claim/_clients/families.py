@@ -51,6 +51,8 @@ else:
     ASYNC_CLIENTS = (redis.asyncio.Redis, _valkey_asyncio.Valkey)
     CLUSTERS = (redis.cluster.RedisCluster, _valkey_cluster.ValkeyCluster)
     ASYNC_CLUSTERS = (redis.asyncio.cluster.RedisCluster, _valkey_async_cluster.ValkeyCluster)
+# The sync twin of ASYNC_CLIENTS by name, as CLUSTERS is ASYNC_CLUSTERS' (tools/unasync.py).
+CLIENTS = SYNC_CLIENTS
 
 # Every error a client raises for a command (the server's answer, the connection, a
 # cluster client's own bookkeeping).

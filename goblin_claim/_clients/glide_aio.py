@@ -20,8 +20,8 @@ __all__ = ["AsyncGlideAdapter", "AsyncGlidePipeline", "AsyncGlidePubSub"]
 class AsyncGlideAdapter(Base):
     """An asyncio GLIDE client as the drivers use a ``redis.asyncio.Redis``."""
 
-    async def execute_command(self, *command: object) -> object:
-        """Send one command, its reply as GLIDE gives it; errors as redis-py's."""
+    async def execute_command(self, *command: object, **options: object) -> object:
+        """One command: its reply raw, as GLIDE gives it; errors as redis-py's (``options``: for redis-py's parsers)."""
         if command[0] == PROBE_COMMAND:
             return probe_reply(command[1:], await self.execute_command(*PROBE))
         args = [as_arg(arg) for arg in command]
@@ -64,8 +64,8 @@ class AsyncGlidePipeline:
         self._adapter = adapter
         self._commands: list[tuple[object, ...]] = []
 
-    def execute_command(self, *command: object) -> AsyncGlidePipeline:
-        """Queue one command."""
+    def execute_command(self, *command: object, **options: object) -> AsyncGlidePipeline:
+        """Queue one command (its replies are raw: ``options`` are redis-py's, for its parsers)."""
         self._commands.append(command)
         return self
 

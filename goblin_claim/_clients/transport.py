@@ -46,6 +46,8 @@ class ClientState:
 
     Attributes:
         native: The native commands the server answers; ``None`` until probed.
+        unprobed: The probe was refused (an ACL without COMMAND INFO): what the
+            server has is unknown, and only the scripts run.
         ready: The probe ran and the scripts were offered to SCRIPT LOAD.
         text: The client's encoding and whether it decodes replies; ``None`` until read.
         wake: The command the scripts announce with (``publish``, ``spublish`` on
@@ -55,6 +57,7 @@ class ClientState:
     """
 
     native: frozenset[str] | None = None
+    unprobed: bool = False
     ready: bool = False
     text: tuple[str, bool] | None = None
     wake: str | None = None
@@ -182,6 +185,22 @@ def _observed() -> bool:
         return True
 
 
+def command_options(command: tuple[object, ...]) -> dict[str, object]:
+    """What ``execute_command`` must be told of ``command`` for its reply to come back raw.
+
+    redis-py (and valkey-py) reads SET's reply as a bool unless told that GET was
+    given: SET ... NX GET's reply is the value the key held. The direct path reads
+    every reply raw.
+    """
+    if command[0] == "SET" and "GET" in command:
+        return _GET
+    return _NONE
+
+
+_GET: dict[str, object] = {"get": True}
+_NONE: dict[str, object] = {}
+
+
 # Values longer than this go out as their own buffer rather than being copied.
 _JOIN_UP_TO = 6000
 
@@ -191,10 +210,12 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
 
     The client's encoder gives the encoding for str; a long value is kept as its
     own buffer, so a large result is not copied into the command. What recurs is
-    packed once: ``EVALSHA`` with one of the SDK's script SHAs, and small ints (a
-    lease, a key count).
+    packed once: ``EVALSHA`` with one of the SDK's script SHAs, small ints (a
+    lease, a key count), and the words of the server's own commands (``SET``,
+    ``NX``, ``GET``, ``EX``...).
     """
     encoding, errors = encoder.encoding, encoder.encoding_errors
+    words = _WORDS.get(encoding) or _packed_words(encoding, errors)
     buffers: list[bytes] = []
     args: Sequence[object] = command
     pending = [b"*%d\r\n" % len(command)]
@@ -209,6 +230,10 @@ def pack(command: tuple[object, ...], encoder: Any) -> list[bytes]:
     for arg in args:
         kind = type(arg)
         if kind is str:
+            word = words.get(arg)  # type: ignore[call-overload]
+            if word is not None:
+                pending.append(word)
+                continue
             data = arg.encode(encoding, errors)  # type: ignore[attr-defined]
         elif kind is bytes:
             data = arg
@@ -237,6 +262,21 @@ _SHAS = frozenset(script.sha for script in SCRIPTS)
 _HEADS: dict[tuple[object, str], bytes] = {}
 _INTS: dict[int, bytes] = {}
 _INTS_KEPT = 512
+# The fixed words of the commands the SDK sends (its own commands' options, the announcements),
+# packed once per encoding.
+_PROTOCOL_WORDS = (
+    "SET", "NX", "GET", "EX", "IFEQ", "PTTL", "PEXPIRETIME", "DEL", "DELIFEQ", "publish", "spublish", "done", "free",
+)  # fmt: skip
+_WORDS: dict[str, dict[str, bytes]] = {}
+
+
+def _packed_words(encoding: str, errors: str) -> dict[str, bytes]:
+    packed = {}
+    for word in _PROTOCOL_WORDS:
+        data = word.encode(encoding, errors)
+        packed[word] = b"$%d\r\n%b\r\n" % (len(data), data)
+    _WORDS[encoding] = packed
+    return packed
 
 
 class Sends:
@@ -553,6 +593,35 @@ async def send_direct_async(
         rounds.on_wire -= 1
 
 
+def send_direct_group(pool: Any, commands: Sequence[tuple[object, ...]], sends: Sends | None = None) -> list[object]:
+    """One caller's few commands in one round trip (``send_direct_many``: a sync client shares no round)."""
+    return send_direct_many(pool, commands, sends)
+
+
+async def send_direct_group_async(
+    pool: Any, commands: Sequence[tuple[object, ...]], sends: Sends | None = None
+) -> list[object]:
+    """One task's few commands (a claim and the reads behind it, a write and its announcement) in one round trip.
+
+    As ``send_direct_async`` shares a lone command's round trip, this shares the
+    group's: sent at once when none of this loop's is on the wire, else joined to
+    the round being gathered, its commands consecutive there. Error replies come back
+    as values, in order; a round that failed whole raises. ``sends`` counts the
+    sends of the first command.
+    """
+    loop = asyncio.get_running_loop()
+    rounds = _ROUNDS.get(pool)
+    if rounds is None or rounds.loop is not loop:
+        rounds = _ROUNDS[pool] = _Rounds(loop)
+    if rounds.on_wire and len(commands) <= ROUND_LIMIT:
+        return await rounds.join_group(pool, commands, sends)
+    rounds.on_wire += 1
+    try:
+        return await send_direct_many_async(pool, commands, sends)
+    finally:
+        rounds.on_wire -= 1
+
+
 # Commands in one shared round at most: a longer queue goes as several rounds.
 ROUND_LIMIT = 128
 
@@ -593,6 +662,23 @@ class _Rounds:
         gathering.append(joined)
         run_meanwhile(meanwhile)
         return await joined.reply
+
+    async def join_group(self, pool: Any, commands: Sequence[tuple[object, ...]], sends: Sends | None) -> list[object]:
+        gathering = self.gathering
+        if gathering is None or len(gathering) + len(commands) > ROUND_LIMIT:
+            gathering = self.gathering = []
+            task = self.loop.create_task(self._send(pool, gathering))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
+        # The first command's sends are counted (a claim's, read by ClaimBase._owns); those behind it ride along.
+        joined = [_Joined(command, self.loop.create_future(), None) for command in commands]
+        joined[0].sends = sends
+        gathering += joined
+        replies = await asyncio.gather(*(one.reply for one in joined), return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException) and not isinstance(reply, RESPONSE_ERRORS):
+                raise reply  # the whole round failed (each command was told so)
+        return replies
 
     async def _send(self, pool: Any, gathering: list[_Joined]) -> None:
         if self.gathering is gathering:

@@ -13,16 +13,27 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 
 from .. import _events
-from .._clients.cluster import is_redirect, node_round
+from .._clients.cluster import is_redirect, node_round, resends
 from .._clients.errors import distrust, failed, is_reshaping, raised_by_client, translate
-from .._clients.families import CLUSTERS, CLUSTER_ERRORS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, adapt
+from .._clients.families import (
+    CLIENTS,
+    CLUSTERS,
+    CLUSTER_ERRORS,
+    CONNECTION_ERRORS,
+    ERRORS,
+    NO_SCRIPT,
+    RESPONSE_ERRORS,
+    adapt,
+)
 from .._clients.transport import (
     ClientState,
     Sends,
+    command_options,
     direct_pool,
     reply_encoding,
     run_meanwhile,
     send_direct,
+    send_direct_group,
     send_direct_many,
     state_of,
     to_the_end,
@@ -36,18 +47,27 @@ from .._errors import (
     ServerUnavailableError,
     UnreadableResultError,
 )
-from .._handle import ClaimBase, Stored, holder_name
+from .._handle import _STORE_TRIES, ClaimBase, Stored, holder_name
 from .._outcomes import Claimed, Completed, InFlight, Outcome
 from .._protocol.checks import NativeMode
 from .._protocol.probe import PROBE_ARGS, PROBE_COMMAND, native_from_command_table, native_from_probe
-from .._protocol.refusals import is_out_of_memory, is_unknown_command, owner_check_unusable, without_owner_check
+from .._protocol.refusals import (
+    is_out_of_memory,
+    is_scripting_refused,
+    is_unknown_command,
+    owner_check_unusable,
+    without_owner_check,
+)
 from .._protocol.scripts import (
     PEEK,
     SCRIPTS,
+    SET_IFEQ,
+    SET_NX_GET,
     Script,
     native_command,
     owner_check,
     owner_check_command,
+    owner_check_reply,
     script_command,
 )
 from .._protocol.timing import WaitSchedule
@@ -248,13 +268,22 @@ class Claim(ClaimBase["SyncClient"]):
             return exc
 
     @overload
-    def _acquire(self, meanwhile: Meanwhile, bare: Literal[False] = ...) -> Claimed | Completed | InFlight: ...
+    def _acquire(
+        self, meanwhile: Meanwhile, bare: Literal[False] = ..., *, lease_left: bool = ...
+    ) -> Claimed | Completed | InFlight: ...
     @overload
-    def _acquire(self, meanwhile: Meanwhile, bare: bool) -> Claimed | Completed | InFlight | Stored: ...
-    def _acquire(self, meanwhile: Meanwhile, bare: bool = False) -> Claimed | Completed | InFlight | Stored:
+    def _acquire(
+        self, meanwhile: Meanwhile, bare: bool, *, lease_left: bool = ...
+    ) -> Claimed | Completed | InFlight | Stored: ...
+    def _acquire(
+        self, meanwhile: Meanwhile, bare: bool = False, *, lease_left: bool = False
+    ) -> Claimed | Completed | InFlight | Stored:
         """``acquire()``, running ``meanwhile`` (at most once) while the claim is on the wire.
 
         ``bare``: a completed record comes back as ``Stored``, its value alone.
+        ``lease_left``: a claim by SET ... NX GET reads the lease left in the same round
+        trip (a waiter's, whose next poll it times); without it, an in-flight reply
+        costs one more read, and a duplicate of completed work nothing.
         """
         script, args = self._claim_call()
         sends = Sends()
@@ -264,7 +293,9 @@ class Claim(ClaimBase["SyncClient"]):
             if self._replicas:
                 reply, acknowledged = self._call_and_wait(script, args, self.result_key, sends)
             else:
-                reply = self._call(script, args, self.result_key, meanwhile=meanwhile, sends=sends)
+                reply = self._call(
+                    script, args, self.result_key, meanwhile=meanwhile, sends=sends, reads=lease_left
+                )
         except ConnectionFailedError:
             self._claim_unknown(sent_at)  # it may have taken the claim: the next one is a re-send
             raise
@@ -278,7 +309,8 @@ class Claim(ClaimBase["SyncClient"]):
         if self._needs_peek(reply):
             # GOBLIN.CLAIM answers nil (a holder's token, on one key) both in flight and to a
             # re-send of our own claim (or a lost result); one read of holder and result,
-            # together, tells them apart.
+            # together, tells them apart. SET ... NX GET answers the holder's token without
+            # the lease it has left: the read adds it.
             try:
                 reply = self._peek()
             except Exception:
@@ -326,15 +358,39 @@ class Claim(ClaimBase["SyncClient"]):
 
     def _complete(self, value: bytes | str, meanwhile: Meanwhile) -> None:
         """``complete()``, running ``meanwhile`` (at most once) while the write is on the wire."""
-        script, args = self._complete_call(value, *reply_encoding(self._client), wake_kind(self._client))
+        wake = wake_kind(self._client)
+        script, args = self._complete_call(value, *reply_encoding(self._client), wake)
         if self._replicas:
             reply, acknowledged = self._call_and_wait(script, args, self._both_keys)
             if self._unproven(reply, acknowledged):
                 distrust(self._client)  # its next try goes to a node that can show it leads
             self._completed(reply, acknowledged)
         else:
-            self._completed(self._call(script, args, self._both_keys, meanwhile=meanwhile))
+            # The script announces the record itself; SET ... IFEQ has the announcement pipelined behind it.
+            announce = (wake, self.claim_key, "done")
+            reply = self._call(script, args, self._both_keys, meanwhile=meanwhile, announce=announce)
+            if reply is None:  # SET ... IFEQ did not store: one read tells why, as complete.lua would
+                reply = self._store_read(script, args, announce)
+            self._completed(reply)
         self._let_go()
+
+    def _store_read(self, script: Script, args: Args, announce: Args) -> object:
+        """complete.lua's reply for a store by SET ... IFEQ that did not store, from one read of the record.
+
+        The record may be this token's to complete after all (``ClaimBase._store_verdict``):
+        the store goes again, owner-checked against what the read found.
+        """
+        command = owner_check_command(SET_IFEQ, args, script)
+        encoding = reply_encoding(self._client)[0]
+        for _ in range(_STORE_TRIES):
+            (held,) = self._plain([("GET", self.claim_key)], self._both_keys)
+            reply, expected = self._store_verdict(held, args[3], encoding)
+            if expected is None:
+                return reply
+            again: Args = (*command[:4], expected, *command[5:])  # type: ignore[arg-type]  # the IFEQ operand
+            if (self._plain([again, announce], self._both_keys))[0]:
+                return 1
+        raise self._store_missed()
 
     @_events.observe("extend")
     def extend(self, lease: int | None = None) -> None:
@@ -461,9 +517,11 @@ class Claim(ClaimBase["SyncClient"]):
         Returns:
             ``True`` when there was a claim or a result to delete.
         """
-        script, args = self._forget_call(wake_kind(self._client))
+        wake = wake_kind(self._client)
+        script, args = self._forget_call(wake)
         self._let_go()
-        return bool(self._call(script, args, self._both_keys))
+        # The script announces the free key itself; DEL has the announcement pipelined behind it.
+        return bool(self._call(script, args, self._both_keys, announce=(wake, self.claim_key, "free")))
 
     @_events.observe("checkpoint")
     def checkpoint(self, value: bytes | str) -> None:
@@ -521,7 +579,8 @@ class Claim(ClaimBase["SyncClient"]):
                         woken.clear()
                     failure = None
                     try:
-                        outcome = self._acquire(None)  # its attempts are the wait's, not acquire events
+                        # The wait's attempts, not acquire events; each reads the lease left, timing the next.
+                        outcome = self._acquire(None, lease_left=True)
                     except ConnectionFailedError as exc:
                         failure = exc  # transient (a dropped connection, a timeout): poll on until the deadline
                     else:
@@ -577,7 +636,14 @@ class Claim(ClaimBase["SyncClient"]):
         return KeepAlive(self, interval, cancel_on_loss)
 
     def _peek(self) -> object:
-        """What claim.lua would answer without claiming: the stored value, else the holder."""
+        """What claim.lua would answer without claiming: the stored value, else the holder.
+
+        After a claim by SET ... NX GET, without a script: GET, PTTL and PEXPIRETIME of
+        the record in one round trip (``ClaimBase._by_command``); else peek.lua.
+        """
+        if owner_check(self._native, state_of(self._client).native, self._claim_call()[0]) == SET_NX_GET:
+            read = self._plain(self._peek_commands(), self._both_keys)
+            return self._by_command(read[0], read[1:], taken=False)
         return self._call(PEEK, (self.claim_key, self.result_key), self._both_keys)
 
     # -- the round trips
@@ -618,11 +684,12 @@ class Claim(ClaimBase["SyncClient"]):
         sends: Sends | None = None,
         announce: Args | None = None,
         persist: bool = True,
+        reads: bool = False,
     ) -> object:
         """One round trip (``_call_once``), sent again while the cluster moves the key's slot (``_persisting``)."""
         return self._persisting(
             lambda first: self._call_once(
-                script, args, keys, script_only, meanwhile if first else None, sends, announce
+                script, args, keys, script_only, meanwhile if first else None, sends, announce, reads
             ),
             persist,
         )
@@ -636,14 +703,19 @@ class Claim(ClaimBase["SyncClient"]):
         meanwhile: Meanwhile = None,
         sends: Sends | None = None,
         announce: Args | None = None,
+        reads: bool = False,
     ) -> object:
-        """One round trip: the server's built-in owner check or the native command where chosen, else the script.
+        """One round trip: the server's own command or the native command where chosen, else the script.
 
         ``sends`` counts the sends that may have reached the server: the direct
         path counts each of its retries, ``execute_command`` counts one (its
         re-sends are its own); a send the server refused unrun is taken back.
-        ``announce`` (a PUBLISH) goes pipelined behind a native command, in the
-        same round trip, where the script (given ``script_only``) announces itself.
+        ``announce`` (a PUBLISH) goes pipelined behind a native command or the
+        server's own, in the same round trip, where the script (given
+        ``script_only``) announces itself. ``reads``: a claim by SET ... NX GET reads
+        the lease left behind it (``ClaimBase._by_command``). The reply is the
+        script's, as ``owner_check_reply`` and ``_by_command`` read the server's own
+        commands' replies (complete's ``None``: not stored, see ``_store_read``).
         """
         client = self._client
         state = state_of(client)
@@ -652,12 +724,22 @@ class Claim(ClaimBase["SyncClient"]):
                 _prepare(client, state)
             native = native_command(self._native, state.native, script, self.key)
             check = owner_check(self._native, state.native, script)
-            command = owner_check_command(check, args) if check else (native, *args) if native else None
+            command = owner_check_command(check, args, script) if check else (native, *args) if native else None
             if command is not None:
                 try:
+                    if check == SET_NX_GET:
+                        if not reads:
+                            reply = _send(client, state.direct, command, meanwhile, sends)
+                            return self._by_command(reply, None, taken=True)
+                        run_meanwhile(meanwhile)
+                        got = _behind(client, command, self._lease_reads(), sends)
+                        return self._by_command(got[0], got[1:], taken=True)
                     if announce is None:
-                        return _send(client, state.direct, command, meanwhile, sends)
-                    return _announcing(client, command, announce)
+                        reply = _send(client, state.direct, command, meanwhile, sends)
+                    else:
+                        run_meanwhile(meanwhile)
+                        reply = _announcing(client, command, announce)
+                    return reply if check is None else owner_check_reply(check, script, reply)
                 except (*RESPONSE_ERRORS, *CLUSTER_ERRORS) as exc:
                     if check is not None:
                         if owner_check_unusable(exc) and state.native is not None:
@@ -684,6 +766,29 @@ class Claim(ClaimBase["SyncClient"]):
                 return _send(client, state.direct, script_command(script, args, source=True), sends=sends)
         except UnicodeDecodeError as exc:
             # A decode_responses client reading bytes someone else stored.
+            raise UnreadableResultError(f"{keys} holds bytes this client cannot decode: {exc}", key=self.key) from exc
+        except Exception as exc:
+            if not raised_by_client(exc):
+                raise
+            if is_scripting_refused(exc):
+                raise self._scripting_refused(script, exc, state.unprobed) from exc
+            raise failed(client, exc, self.key, keys) from exc
+
+    def _plain(self, commands: Sequence[Args], keys: str) -> list[object]:
+        """``commands`` (plain ones, on this key) in one round trip, sent again while the slot moves: their replies.
+
+        The first command's error is raised; the others' come back as values (a
+        PTTL an ACL refuses is only a hint).
+        """
+        return self._persisting(lambda _: self._plain_once(commands, keys))
+
+    def _plain_once(self, commands: Sequence[Args], keys: str) -> list[object]:
+        client = self._client
+        try:
+            if len(commands) == 1:
+                return [_send(client, state_of(client).direct, commands[0])]
+            return _behind(client, commands[0], commands[1:])
+        except UnicodeDecodeError as exc:
             raise UnreadableResultError(f"{keys} holds bytes this client cannot decode: {exc}", key=self.key) from exc
         except Exception as exc:
             if not raised_by_client(exc):
@@ -726,6 +831,8 @@ class Claim(ClaimBase["SyncClient"]):
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
+            if is_scripting_refused(exc):
+                raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise failed(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
 
@@ -767,8 +874,45 @@ def _send(
         if sends is not None:
             sends.count += 1  # redis-py's re-sends, if any, are invisible from here
         # redis-py leaves execute_command untyped on some clients.
-        return client.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
+        return client.execute_command(*command, **command_options(command))  # type: ignore[no-untyped-call, unused-ignore]
     return send_direct(pool, command, meanwhile, sends)
+
+
+def _behind(
+    client: SyncClient, command: Args, behind: Sequence[Args], sends: Sends | None = None
+) -> list[object]:
+    """``command`` with ``behind`` pipelined after it, in one round trip: every reply, ``command``'s error raised.
+
+    ``sends`` counts the sends of ``command`` (see ``_send``).
+    """
+    pool = state_of(client).direct
+    if pool is not None:  # one round trip, shared with the loop's other tasks (a sync client's)
+        replies = send_direct_group(pool, [command, *behind], sends)
+    elif isinstance(client, CLIENTS):
+        # A client whose execute_command is watched (a subclass, a wrapper, a spy): it sees
+        # every command, one round trip each, as the manual's "how commands travel" promises.
+        replies = [_send(client, None, command, sends=sends)]
+        for read in behind:
+            try:
+                replies.append(_send(client, None, read))
+            except RESPONSE_ERRORS as exc:
+                replies.append(exc)
+        return replies
+    else:
+        if sends is not None:
+            sends.count += 1  # a pipeline's re-sends are redis-py's, unseen
+        replies = _pipelined(client, [command, *behind])
+        # A cluster pipeline whose connection failed answers so rather than sending again
+        # (redis-py's asyncio one): sent again as the client's execute_command would.
+        again = resends(client) if isinstance(replies[0], CONNECTION_ERRORS) else 0
+        while again and isinstance(replies[0], CONNECTION_ERRORS):
+            again -= 1
+            if sends is not None:
+                sends.count += 1
+            replies = _pipelined(client, [command, *behind])
+    if isinstance(replies[0], BaseException):
+        raise replies[0]
+    return replies
 
 
 def _announcing(client: SyncClient, command: Args, announce: Args) -> object:
@@ -777,10 +921,7 @@ def _announcing(client: SyncClient, command: Args, announce: Args) -> object:
     Its error reply is raised; the announcement's (an ACL without pub/sub) is
     ignored: waiters poll without it.
     """
-    reply, _announced = _pipelined(client, [command, announce])
-    if isinstance(reply, BaseException):
-        raise reply
-    return reply
+    return (_behind(client, command, [announce]))[0]
 
 
 def _unrun(sends: Sends | None) -> None:
@@ -830,20 +971,28 @@ def _claim_rounds(
 ) -> tuple[list[object], list[int | None], list[bool]]:
     """``acquire_many``'s claims on the wire: each claim's reply, its WAIT count, whether it may have been sent twice.
 
-    A claim refused unrun (a lost script cache, a node without the module) goes
-    again as a script, in a round of its own; a native nil is read back.
+    A claim refused unrun (a lost script cache, a node without the module, a
+    server that refuses SET ... NX GET) goes again as a script, in a round of its
+    own; a native nil, and an in-flight reply of SET ... NX GET, is read back.
+    Each reply is the script's (``ClaimBase._by_command``), or a key's own error.
     """
     first = handles[0]
     if not state.ready:
         _prepare(client, state)
     commands = [handle._claim_command(state.native) for handle in handles]
+    checks = [SET_NX_GET if command[0] == "SET" else None for command in commands]
     routes = [handle.claim_key for handle in handles]
     replies, acknowledged, resent = _round(client, commands, wait, routes)
-    again = [i for i, reply in enumerate(replies) if _needs_script(reply, first._native)]
+    again = [
+        i
+        for i, reply in enumerate(replies)
+        if _needs_script(reply, first._native) or (checks[i] and _check_refused(reply))
+    ]
     if again:
         if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
-            state.native = frozenset()  # a node lacks the module after all
-            _events.notice(first, "native_fallback", "fell_back")
+            state.native = _fallen_back(state.native, [(checks[i], replies[i]) for i in again])
+            module = any(checks[i] is None and not isinstance(replies[i], NO_SCRIPT) for i in again)
+            _events.notice(first, "native_fallback", "fell_back" if module else "owner_check")
         else:
             _events.notice(first, "script_reload", "reloaded")
         sources = [handles[i]._claim_command(state.native, source=True) for i in again]
@@ -851,15 +1000,36 @@ def _claim_rounds(
         # The EVAL round's own re-sends are not counted: the claims in it ran nothing before.
         sourced, waited, _ = _round(client, sources, wait, [routes[i] for i in again])
         for i, reply, count in zip(again, sourced, waited, strict=True):
-            replies[i], acknowledged[i] = reply, count
+            replies[i], acknowledged[i], checks[i] = reply, count, None
+    for i, check in enumerate(checks):
+        if check is not None and not isinstance(replies[i], ERRORS):
+            replies[i] = _read_as_script(handles[i], replies[i], None, taken=True)
     nils = [i for i, reply in enumerate(replies) if handles[i]._needs_peek(reply)]
     if nils:
-        # GOBLIN.CLAIM's nil (a holder's token, on one key): one read of each holder and
-        # result tells the outcomes apart.
-        peeks = [("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key) for i in nils]
-        for i, holder in zip(nils, _pipelined(client, peeks), strict=True):
-            replies[i] = holder
+        # GOBLIN.CLAIM's nil (a holder's token, on one key), or a token SET ... NX GET answered
+        # without the lease it has left: one read of each record tells the outcomes apart.
+        peeks: list[Args] = []
+        for i in nils:
+            if checks[i] is None:
+                peeks.append(("EVAL", PEEK.source, 2, handles[i].claim_key, handles[i].result_key))
+            else:
+                peeks += handles[i]._peek_commands()
+        read = iter(_pipelined(client, peeks))
+        for i in nils:
+            if checks[i] is None:
+                replies[i] = next(read)
+                continue
+            value, *reads = (next(read) for _ in handles[i]._peek_commands())
+            replies[i] = value if isinstance(value, ERRORS) else _read_as_script(handles[i], value, reads, taken=False)
     return replies, acknowledged, resent
+
+
+def _read_as_script(handle: Claim, value: object, reads: list[object] | None, *, taken: bool) -> object:
+    """``handle._by_command`` in a batch: a key's own failure takes its reply's place."""
+    try:
+        return handle._by_command(value, reads, taken=taken)
+    except GoblinClaimError as exc:
+        return exc
 
 
 def _node_rounds(
@@ -910,8 +1080,18 @@ def _pipelined(
             return send_direct_many(pool, commands, sends)
         pipe = client.pipeline(transaction=False)
     for command in commands:
-        pipe.execute_command(*command)  # type: ignore[no-untyped-call, unused-ignore]
-    replies: list[object] = pipe.execute(raise_on_error=False)
+        pipe.execute_command(*command, **command_options(command))  # type: ignore[no-untyped-call, unused-ignore]
+    try:
+        replies: list[object] = pipe.execute(raise_on_error=False)
+    except UnboundLocalError:
+        # valkey-py 6.2's asyncio cluster pipeline with cluster_error_retry_attempts=0 tries
+        # nothing and raises this before sending a byte: the commands go one by one instead.
+        replies = []
+        for command in commands:
+            try:
+                replies.append(client.execute_command(*command, **command_options(command)))  # type: ignore[no-untyped-call, unused-ignore]
+            except RESPONSE_ERRORS as exc:
+                replies.append(exc)
     return replies
 
 
@@ -1008,7 +1188,12 @@ def _needs_script(reply: object, mode: NativeMode) -> bool:
 def _batch_outcome(
     handle: Claim, reply: object, acknowledged: int | None, sent_at: float, now: float, resent: bool
 ) -> Outcome | GoblinClaimError:
+    if isinstance(reply, GoblinClaimError):  # read as the script's reply, and found wanting
+        return reply
     if isinstance(reply, ERRORS):
+        if is_scripting_refused(reply):
+            state = state_of(handle._client)
+            return handle._scripting_refused(handle._claim_call()[0], reply, state.unprobed)
         return translate(reply, handle.key, handle.result_key)
     try:
         # ``resent``: the direct round counted its re-send; a pipeline's is redis-py's, unseen.
@@ -1039,6 +1224,7 @@ def _prepare(client: SyncClient, state: ClientState) -> None:
             # One round trip; an error entry (NOPERM for the probe) is data here.
             replies = pipe.execute(raise_on_error=False)
             state.native = native_from_probe(replies[0])
+            state.unprobed = not isinstance(replies[0], list)
         state.direct = direct_pool(client)
         state.ready = True
         _events.probed(client, state.native, state.direct is not None)

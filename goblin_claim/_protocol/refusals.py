@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .scripts import SET_IFEQ, with_owner_checks
+from .scripts import DEL_KEYS, PEXPIRETIME, SET_IFEQ, SET_NX_GET, with_owner_checks
 
 
 def owner_check_unusable(exc: BaseException) -> bool:
@@ -21,12 +21,21 @@ def without_owner_check(available: frozenset[str], check: str, exc: BaseExceptio
 
     A delete command the server turned out to lack ("unknown command": a command
     table that lists more than the server runs) also takes away the SET IFEQ
-    inferred from it, unless the other delete command still vouches for it.
+    inferred from it, unless the other delete command still vouches for it. A
+    refused SET NX GET takes PEXPIRETIME with it, which no longer vouches for it.
     """
+    if check == SET_NX_GET:
+        return available - {SET_NX_GET, PEXPIRETIME, DEL_KEYS}
     left = available - {check}
     if check != SET_IFEQ and is_unknown_command(exc):
         left = with_owner_checks(left - {SET_IFEQ})
     return left
+
+
+def is_scripting_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ACL's refusal of EVALSHA or EVAL: this user may not run Lua scripts."""
+    text = str(exc).lower()
+    return "no permissions to run the 'evalsha' command" in text or "no permissions to run the 'eval' command" in text
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -173,13 +173,13 @@ def test_a_raw_holder_reading_claimed_is_in_flight_for_every_handle(driver: Driv
     """Raw code put the literal CLAIMED in claim_key: every handle is InFlight, none takes it for a win.
 
     claim.lua (and the fenced claim) answer a holder inside a list, so it never reads as
-    the win. ``GOBLIN.CLAIM k k`` on the one-key record answers the holder itself, as the
-    seed prescribes, and a holder named CLAIMED is then the seed's own ambiguity: the SDK
-    refuses that token (``test_protocol_markers_are_refused_as_tokens_before_anything_is_written``)
-    and the README says raw code must not hold it.
+    the win; SET ... NX GET answers its win as nil, so a holder named CLAIMED is only a
+    holder. (``GOBLIN.CLAIM k k`` on the one-key record would answer the holder itself, as
+    the seed prescribes, and a holder named CLAIMED is then the seed's own ambiguity: the
+    SDK refuses that token, ``test_protocol_markers_are_refused_as_tokens_before_anything_is_written``,
+    and the README says raw code must not hold it; one-key claims take SET ... NX GET
+    wherever the module runs here.)
     """
-    if driver.backend.native and not fencing:
-        pytest.skip("GOBLIN.CLAIM k k answers a holder named CLAIMED as the seed's win reply")
     key = unique()
     probe = driver.claim(key, fencing=fencing)
     driver.raw.set(probe.claim_key, b"CLAIMED", ex=30)

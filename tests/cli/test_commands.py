@@ -71,9 +71,12 @@ def test_doctor_on_a_stock_server_notes_the_scripts_and_finds_no_problem(each_se
     assert "no problems" in text
     with contextlib.closing(server.client()) as stock:
         assert stock.keys(f"{namespace}:*") == []
-        # Valkey 9 has DELIFEQ, Redis 7 no owner check of its own: doctor says which.
+        # Valkey 9 has DELIFEQ (and SET IFEQ), Redis 7 and 8.2 SET ... NX GET alone: doctor says which.
         has_delifeq = bool(stock.execute_command("COMMAND INFO", "delifeq")[0])
-    assert ("the server has its own owner checks (DELIFEQ, SET ... IFEQ)" in text) is has_delifeq
+    assert "the server's own commands serve default handles" in text
+    assert "claim (SET ... NX GET)" in text
+    assert ("release (DELIFEQ)" in text) is has_delifeq
+    assert ("complete (SET ... IFEQ)" in text) is has_delifeq
 
 
 def test_doctor_on_the_module_server_finds_the_native_commands(each_server: Tier) -> None:

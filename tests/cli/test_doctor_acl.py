@@ -66,17 +66,20 @@ def test_exact_command_list_without_pttl_and_time_names_them_where_the_scripts_c
     """
     found = findings_for(standalone, admin, "+evalsha", "+eval", "+get", "+set", "+del", "+expire", "+strlen")
     (problem,) = [f for f in found if f.level == "problem" and "on the scripts path" in f.what]
+    (options,) = [f for f in found if f.level == "note" and "on the scripts path" in f.what]
     for operation, script in [
         ("claim", "claim"), ("wait and its wake-up", "claim"), ("batch (acquire_many)", "claim"),
         ("extend (and keep-alive)", "extend"), ("checkpoint", "checkpoint"),
     ]:  # fmt: skip
         missing = " ".join(sorted(script_commands(script) & {"pttl", "time"}))
         assert missing
-        assert f"{operation} lacks {missing}" in problem.what
+        # checkpoint() runs for checkpoints=True alone: a note for those options, beside the default handle's problems.
+        assert f"{operation} lacks {missing}" in (options if operation == "checkpoint" else problem).what
     for operation in ("complete", "release", "forget"):
         assert f"{operation} lacks" not in problem.what
     assert "+pttl" in problem.todo
     assert "+time" in problem.todo
+    assert "the scripts for claim" in next(f.what for f in found if "default handles here" in f.what)
 
 
 def test_categories_without_pubsub_make_publish_and_subscribe_notes_not_problems(
@@ -107,9 +110,14 @@ def test_native_path_needs_the_module_commands(with_module: servers.RedisProcess
         found = findings_for(with_module, admin, "+@all", "-goblin.cad")
     finally:
         admin.close()
-    (problem,) = [f for f in found if f.level == "problem" and "on the native path" in f.what]
+    problems = [f for f in found if f.level == "problem" and "on the native path" in f.what]
+    (paths,) = [f for f in found if "default handles here" in f.what]
+    if "release (DELIFEQ)" in paths.what:  # Valkey 9: its own DELIFEQ, not GOBLIN.CAD, releases
+        assert problems == []
+        return
+    (problem,) = problems
     assert "release lacks goblin.cad" in problem.what
-    assert "claim lacks" not in problem.what
+    assert "claim lacks" not in problem.what  # one key: SET ... NX GET, the server's own
 
 
 def test_operation_needs_follow_the_scripts() -> None:
@@ -128,7 +136,46 @@ def test_operation_needs_follow_the_scripts() -> None:
 
 def test_acl_operation_findings_lists_only_what_is_lacking() -> None:
     """Lacking only expire: one problem naming extend; nothing else, no notes."""
-    (found,) = acl_operation_findings({"expire": "NOPERM"}, "u", "ns:*", native=False)
+    found, paths = acl_operation_findings({"expire": "NOPERM"}, "u", "ns:*", native=False)
+    assert paths.level == "ok"
+    assert "the scripts for claim" in paths.what  # no server commands given: every operation by script
     assert found.level == "problem"
     assert "extend (and keep-alive) lacks expire" in found.what
     assert "claim lacks" not in found.what
+
+
+def test_a_user_without_scripting_takes_the_server_s_own_commands(
+    standalone: servers.RedisProcess, admin: redis.Redis
+) -> None:
+    """-@scripting: the paths a default handle takes go without scripts where the server can.
+
+    On Valkey 9 every default operation goes by the server's own commands (a note for the
+    options); on Redis 7 and 8.2 claims, waits, batches and forget do, and complete, extend
+    and release lack the scripts.
+    """
+    found = findings_for(standalone, admin, "+@all", "-@scripting")
+    (paths,) = [f for f in found if "default handles here" in f.what]
+    assert "claim (SET ... NX GET)" in paths.what
+    assert "forget (DEL)" in paths.what
+    problems = [f for f in found if f.level == "problem"]
+    if "complete (SET ... IFEQ)" in paths.what:  # Valkey 9
+        assert problems == []
+        assert any(f.level == "note" and "on the scripts path lacks eval evalsha" in f.what for f in found)
+        assert "the scripts for" not in paths.what
+    else:
+        (scripts,) = [f for f in problems if "on the scripts path" in f.what]
+        for operation in ("complete", "extend (and keep-alive)", "release"):
+            assert f"{operation} lacks eval evalsha" in scripts.what
+        assert "claim lacks" not in scripts.what
+
+
+def test_operation_needs_on_the_server_s_own_commands() -> None:
+    """The server's own commands: a row for what they serve, with the commands sent and the wake-ups apart."""
+    valkey = {op: (needs, wake) for op, needs, wake in operation_needs(False, builtins=frozenset({
+        "SET NX GET", "SET IFEQ", "DELIFEQ", "DEL"}))}  # fmt: skip
+    assert valkey["claim"] == ({"set", "get", "pttl", "pexpiretime"}, frozenset())
+    assert valkey["complete"] == ({"set", "get"}, {"publish"})
+    assert valkey["release"] == ({"delifeq"}, {"publish"})
+    assert valkey["forget"] == ({"del"}, {"publish"})
+    redis7 = {op for op, _needs, _wake in operation_needs(False, builtins=frozenset({"SET NX GET", "DEL"}))}
+    assert redis7 == {"claim", "wait and its wake-up", "batch (acquire_many)", "forget"}

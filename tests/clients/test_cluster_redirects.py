@@ -17,7 +17,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.crc import key_slot
 
-from goblin_claim import AsyncClaim, Claim, Claimed, NotReplicatedError
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, NotReplicatedError
 from tests.conftest import record, unique, until, until_async
 from tests.support import servers
 
@@ -186,3 +186,81 @@ def test_async_renewals_follow_a_key_migrated_to_another_node(nodes: list[server
 
     claim, other = asyncio.run(main())
     assert _held_on(nodes[other], claim.claim_key) == record(claim.token, b"done")
+
+
+# --------------------------------------------------------------------------- the server's own commands
+
+
+def _plain_flow_sync(client: Any, key: str) -> tuple[Claim, object, object]:
+    claim = Claim(client, key, lease=30)
+    taken = claim.acquire()
+    busy = Claim(client, key).acquire()  # SET ... NX GET, then GET, PTTL and PEXPIRETIME, pipelined
+    claim.complete(b"done")  # Valkey: SET ... IFEQ and its SPUBLISH, pipelined; Redis 7: the script
+    return claim, taken, busy
+
+
+@pytest.mark.parametrize("redis_server_binary", ["redis", "valkey"], indirect=True)
+@pytest.mark.parametrize("how", REDIRECTS)
+def test_a_plain_claim_its_read_its_store_and_forget_follow_their_slot(
+    nodes: list[servers.RedisProcess], how: str
+) -> None:
+    """SET ... NX GET, the in-flight read behind it and the store (SET ... IFEQ on Valkey) follow MOVED and ASK.
+
+    forget()'s DEL follows MOVED. Under ASK it is refused, as forget.lua is: both name the
+    record and its checkpoint key, and a slot being imported answers TRYAGAIN to a command
+    on several keys not all there; the cluster client gives up ("TTL exhausted").
+    """
+    client = redis.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
+    key = unique(how)
+    try:
+        client.ping()  # the table is read
+        runs_on, asking = _redirect(nodes, Claim(client, key).claim_key, how)
+        claim, taken, busy = _plain_flow_sync(client, key)
+        assert isinstance(taken, Claimed)
+        assert isinstance(busy, InFlight)
+        assert busy.holder == claim.token
+        assert busy.retry_after is not None
+        assert _held_on(nodes[runs_on], claim.claim_key, asking=asking) == record(claim.token, b"done")
+        assert Claim(client, key).acquire() == Completed(key=key, value=b"done")
+        if how == "moved":
+            assert claim.forget() is True
+            assert _held_on(nodes[runs_on], claim.claim_key, asking=asking) is None
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("redis_server_binary", ["redis", "valkey"], indirect=True)
+@pytest.mark.parametrize("how", REDIRECTS)
+def test_an_async_plain_claim_its_read_its_store_and_forget_follow_their_slot(
+    nodes: list[servers.RedisProcess], how: str
+) -> None:
+    """The asyncio twin."""
+    key = unique(how)
+
+    async def main() -> tuple[AsyncClaim, object, object, object, bool]:
+        client = redis.asyncio.cluster.RedisCluster(host=servers.HOST, port=nodes[0].port)
+        try:
+            await client.ping()
+            claim = AsyncClaim(client, key, lease=30)
+            moved[:] = _redirect(nodes, claim.claim_key, how)
+            taken = await claim.acquire()
+            busy = await AsyncClaim(client, key).acquire()
+            await claim.complete(b"done")
+            again = await AsyncClaim(client, key).acquire()
+            forgot = await claim.forget() if how == "moved" else None  # under ASK: see the sync test
+        finally:
+            await client.aclose()
+        return claim, taken, busy, again, forgot
+
+    moved: list[Any] = []
+    claim, taken, busy, again, forgot = asyncio.run(main())
+    runs_on, asking = moved
+    assert isinstance(taken, Claimed)
+    assert isinstance(busy, InFlight)
+    assert busy.holder == claim.token
+    assert again == Completed(key=key, value=b"done")
+    if how == "moved":
+        assert forgot is True
+        assert _held_on(nodes[runs_on], claim.claim_key, asking=asking) is None
+    else:
+        assert _held_on(nodes[runs_on], claim.claim_key, asking=asking) == record(claim.token, b"done")

@@ -37,14 +37,15 @@ from goblin_claim._clients.glide import AsyncGlideAdapter, GlideAdapter, adapter
 from goblin_claim._clients.kinds import client_kind
 from goblin_claim._clients.transport import state_of
 from goblin_claim._protocol.refusals import is_unknown_command
-from goblin_claim._protocol.scripts import CLAIM, COMPLETE
+from goblin_claim._protocol.scripts import COMPLETE, DEL_KEYS, PEXPIRETIME
+from goblin_claim._protocol.scripts import SET_NX_GET as SET_NX_GET_PROBED
 from tests.claim.test_wakeup import (  # a poll every 5 s: only a wake-up is quicker
     SlowPollingAsyncClaim,
     SlowPollingClaim,
 )
 from tests.conftest import IN_CI, Runner, unique
 from tests.support import servers
-from tests.support.proxy import FaultProxy
+from tests.support.proxy import SET_NX_GET, FaultProxy
 
 try:
     import glide
@@ -382,14 +383,19 @@ def test_replicas_wait_longer_than_glide_request_timeout(redis_replicated: Any, 
 
 @pytest.mark.parametrize("protocol", [2, 3])
 def test_native_probe_does_not_break_a_resp3_glide_client(redis_native: Any, protocol: int) -> None:
-    """On a server with the module, GLIDE (RESP2 and RESP3) finds GOBLIN.CLAIM / GOBLIN.CAD and claims natively."""
+    """On a server with the module, GLIDE (RESP2 and RESP3) finds GOBLIN.CLAIM / GOBLIN.CAD and claims natively.
+
+    Two keys: GOBLIN.CLAIM (one key takes the server's own SET ... NX GET, which the probe finds too).
+    """
     client = sync_client(redis_native.port, protocol=protocol)
     raw = redis_native.client()
     try:
         before = raw.info("commandstats").get("cmdstat_goblin.claim", {}).get("calls", 0)
-        handle = Claim(client, unique(), lease=30)
+        key = unique()
+        handle = Claim.from_keys(client, f"c:{{{key}}}", f"r:{{{key}}}", lease=30)
         assert isinstance(handle.acquire(), Claimed)
-        assert state_of(adapt(client)).native == frozenset({"GOBLIN.CLAIM", "GOBLIN.CAD"})
+        found = frozenset({"GOBLIN.CLAIM", "GOBLIN.CAD", PEXPIRETIME, SET_NX_GET_PROBED, DEL_KEYS})
+        assert state_of(adapt(client)).native == found
         assert raw.info("commandstats")["cmdstat_goblin.claim"]["calls"] == before + 1
         assert handle.release()
     finally:
@@ -399,25 +405,26 @@ def test_native_probe_does_not_break_a_resp3_glide_client(redis_native: Any, pro
 def test_native_commands_on_a_glide_cluster_client(redis_native_cluster: Any) -> None:
     """With the module on every node, GLIDE's cluster client claims and releases natively.
 
-    One key at a time, and in batches whose keys spread over the nodes.
+    One key at a time, and in batches whose keys spread over the nodes: the claims of one
+    key take the server's own SET ... NX GET, two keys GOBLIN.CLAIM, releases GOBLIN.CAD.
     """
     client = sync_client(redis_native_cluster[0].port, cluster=True)
 
-    def calls() -> int:
+    def calls(*names: str) -> int:
         stats = [node.client().info("commandstats") for node in redis_native_cluster]
-        return sum(
-            s.get(f"cmdstat_{name}", {}).get("calls", 0) for s in stats for name in ("goblin.claim", "goblin.cad")
-        )
+        return sum(s.get(f"cmdstat_{name}", {}).get("calls", 0) for s in stats for name in names)
 
     try:
-        before = calls()
-        one = Claim(client, unique(), lease=30)
+        before, sets = calls("goblin.claim", "goblin.cad"), calls("set")
+        key = unique()
+        one = Claim.from_keys(client, f"c:{{{key}}}", f"r:{{{key}}}", lease=30)
         assert isinstance(one.acquire(), Claimed)
         assert one.release()
         taken = Claim.acquire_many(client, [unique() for _ in range(12)], lease=30)
         assert all(isinstance(outcome, Claimed) for _, outcome in taken)
         assert Claim.release_many(client, [handle for handle, _ in taken]) == [True] * 12
-        assert calls() == before + 2 + 24
+        assert calls("goblin.claim", "goblin.cad") == before + 2 + 12
+        assert calls("set") >= sets + 12
     finally:
         client.close()
 
@@ -462,7 +469,7 @@ def test_lost_reply_of_the_claim_then_the_same_handle_is_claimed(redis_standalon
                 handle = AsyncClaim(client, unique(), lease=30)
                 await handle.acquire()  # probe and scripts loaded; the claim is taken
                 assert await handle.release()
-                proxy.faults.lose_next_reply(CLAIM.sha.encode())
+                proxy.faults.lose_next_reply(SET_NX_GET)
                 with pytest.raises(ConnectionFailedError):
                     await handle.acquire()
                 assert isinstance(await handle.acquire(), Claimed)
@@ -470,7 +477,7 @@ def test_lost_reply_of_the_claim_then_the_same_handle_is_claimed(redis_standalon
                 assert other.kind == "in_flight"
                 # Four claims reached the server (the first, the lost one, its re-send, the other's):
                 # GLIDE itself re-sent none.
-                assert proxy.faults.count(CLAIM.sha.encode(), handle.claim_key.encode()) == 4
+                assert proxy.faults.count(SET_NX_GET, handle.claim_key.encode()) == 4
             finally:
                 await client.close()
 
@@ -488,7 +495,7 @@ def test_cut_connection_before_the_claim_claims_nothing_and_recovers(redis_stand
         try:
             handle = Claim(client, unique(), lease=30)
             Claim(client, unique()).acquire()  # probe and scripts loaded
-            proxy.faults.drop_before(CLAIM.sha.encode(), handle.claim_key.encode())
+            proxy.faults.drop_before(SET_NX_GET, handle.claim_key.encode())
             with pytest.raises(ConnectionFailedError):
                 handle.acquire()
             assert raw.get(handle.claim_key) is None

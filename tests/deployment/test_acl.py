@@ -23,7 +23,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, NotReplicatedError, ServerError
+from goblin_claim import AsyncClaim, Claim, Claimed, Completed, InFlight, NotReplicatedError, ServerError, idempotent
 from tests.conftest import record, stored, unique
 from tests.support import servers
 
@@ -239,6 +239,158 @@ def test_fencing_without_time_is_refused_with_nothing_written(user_client: Any) 
         assert admin.exists(fenced.claim_key, f"{fenced.claim_key}:fence") == 0
 
 
+# --------------------------------------------------------------------------- scripting refused
+
+# A user denied Lua scripting, who may ask the server which commands it has (+command|info):
+# the server's own commands serve what they can (SET ... NX GET everywhere here; SET ... IFEQ,
+# DELIFEQ on Valkey 9), and what still needs a script raises an error naming the permission.
+NO_SCRIPTING = f"~NS:* +@read +@write -@scripting +command|info {WAKEUPS}"
+
+
+def _refused(exc: BaseException, *why: str) -> None:
+    """A scripting refusal, as the SDK words it: the permission, and why this call needs a script here."""
+    text = str(exc)
+    assert "+@scripting" in text, text
+    assert "EVALSHA" in text, text
+    for words in why:
+        assert words in text, text
+
+
+def test_a_user_denied_scripting_claims_waits_stores_and_releases_where_the_server_can(
+    user_client: Any,
+) -> None:
+    """-@scripting: every default operation the server's own commands serve, and a clear error for the rest.
+
+    Claims, waits, batches and forget everywhere; stores, renewals and releases where the
+    server has SET ... IFEQ and DELIFEQ (Valkey 9); the rest raises an error naming
+    +@scripting and what needs the script.
+    """
+    namespace, name, password, admin, port = user_client(NO_SCRIPTING, False)
+    own = bool(admin.execute_command("COMMAND INFO", "delifeq")[0])  # Valkey 9
+    with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.eval("return 1", 0)  # the premise: no scripts for this user
+        options = {"namespace": namespace}
+        key = unique()
+        owner = Claim(client, key, lease=2, **options)
+        assert isinstance(owner.acquire(), Claimed)
+        busy = Claim(client, key, **options).acquire()
+        assert isinstance(busy, InFlight)
+        assert busy.retry_after is not None  # PTTL beside it
+        if own:
+            owner.extend()
+            with owner.keep_alive(interval=0.2) as keeper:
+                time.sleep(2.3)  # past the lease: only the renewals (SET ... IFEQ) keep it
+            assert not keeper.lost
+            waiter = Claim(client, key, **options)
+            seen: list[object] = []
+            thread = threading.Thread(target=lambda: seen.append(waiter.wait(timeout=10)))
+            thread.start()
+            time.sleep(0.2)
+            owner.complete(b"done")  # SET ... IFEQ, its announcement behind it
+            thread.join(15)
+            assert seen == [Completed(key=key, value=b"done")]
+            other = Claim(client, unique(), **options)
+            assert isinstance(other.acquire(), Claimed)
+            assert other.release() is True  # DELIFEQ
+        else:
+            for call, why in (
+                (owner.complete, "SET ... IFEQ"),
+                (owner.extend, "SET ... IFEQ"),
+                (owner.release, "DELIFEQ"),
+            ):
+                with pytest.raises(ServerError) as info:
+                    call(*((b"done",) if call == owner.complete else ()))
+                _refused(info.value, why)
+            assert admin.get(owner.claim_key) == owner.token.encode()  # nothing was written
+            time.sleep(2.1)  # the lease lapses: a waiter takes it over by SET ... NX GET
+            assert isinstance(Claim(client, key, **options).wait(timeout=10), Claimed)
+        assert Claim(client, key, **options).forget() is True  # DEL
+        batch = Claim.acquire_many(client, [unique() for _ in range(3)], **options)
+        assert all(isinstance(outcome, Claimed) for _, outcome in batch)
+        for scripted in ({"at_most_once": True}, {"fencing": True}, {"native": "never"}):
+            handle = Claim(client, unique(), **options, **scripted)  # type: ignore[arg-type]
+            with pytest.raises(ServerError) as info:
+                handle.acquire()
+            _refused(info.value, next(iter(scripted)))
+            assert admin.exists(handle.claim_key) == 0  # refused before anything was written
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_user_denied_scripting_runs_the_decorator_where_the_server_stores_without_scripts(
+    user_client: Any, kind: str
+) -> None:
+    """@idempotent for a user denied scripting, where the server stores without scripts.
+
+    First calls and duplicates on Valkey 9; on Redis 7 and 8.2 duplicates of work stored by
+    others, and a first call's store refused with the permission named (its result carried).
+    """
+    namespace, name, password, admin, port = user_client(NO_SCRIPTING, False)
+    own = bool(admin.execute_command("COMMAND INFO", "delifeq")[0])
+    runs: list[str] = []
+
+    def charge(order: str) -> dict[str, str]:
+        runs.append(order)
+        return {"order": order}
+
+    # Work another caller (with scripting) completed: a duplicate reads it by SET ... NX GET.
+    idempotent(admin, key="order", namespace=namespace)(charge)("o-0")
+
+    async def acharge(order: str) -> dict[str, str]:
+        return charge(order)
+
+    async def run_async(orders: list[str]) -> list[object]:
+        aclient = redis.asyncio.Redis(host=servers.HOST, port=port, username=name, password=password)
+        try:
+            wrapped = idempotent(aclient, key="order", namespace=namespace)(acharge)
+            results: list[object] = []
+            for order in orders:
+                try:
+                    results.append(await wrapped(order))
+                except ServerError as exc:
+                    results.append(exc)
+            return results
+        finally:
+            await aclient.aclose()
+
+    def run_sync(orders: list[str]) -> list[object]:
+        with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
+            wrapped = idempotent(client, key="order", namespace=namespace)(charge)
+            results: list[object] = []
+            for order in orders:
+                try:
+                    results.append(wrapped(order))
+                except ServerError as exc:
+                    results.append(exc)
+            return results
+
+    # Where the store is refused the claim stays until its lease lapses, as for any refused store
+    # (the function ran): a duplicate then would wait for it, so none is sent there.
+    orders = ["o-0", "o-1", "o-1"] if own else ["o-0", "o-1"]
+    results = run_sync(orders) if kind == "sync" else asyncio.run(run_async(orders))
+    assert results[0] == {"order": "o-0"}  # a duplicate: served, nothing run
+    if own:
+        assert results[1:] == [{"order": "o-1"}] * 2
+        assert runs == ["o-0", "o-1"]
+    else:
+        first = results[1]
+        assert isinstance(first, ServerError)
+        _refused(first, "SET ... IFEQ")
+        assert first.result == {"order": "o-1"}  # the function ran: its result goes with the error
+        assert runs[:2] == ["o-0", "o-1"]
+
+
+def test_a_user_denied_scripting_and_the_probe_is_told_to_grant_either(user_client: Any) -> None:
+    """Without +command|info the SDK cannot see the server's own commands: the error names both permissions."""
+    namespace, name, password, admin, port = user_client("~NS:* +@read +@write -@scripting", False)
+    with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
+        handle = Claim(client, unique(), namespace=namespace)
+        with pytest.raises(ServerError) as info:
+            handle.acquire()
+        _refused(info.value, "+command|info")
+        assert admin.exists(handle.claim_key) == 0
+
+
 # What at_most_once and checkpoints add: TIME (the deadline, the owner check) to any line, and PTTL
 # to a renewal of an at-most-once record (it keeps the key at least as long as the new lease).
 UNITS = "+time"
@@ -248,7 +400,10 @@ UNITS = "+time"
 def test_at_most_once_and_checkpoints_run_with_time_added(user_client: Any, line: str) -> None:
     """With +time: an at-most-once checkpointed claim, its renewal, checkpoint, release, the next claim and complete."""
     rules, native = LINES[line]
-    namespace, name, password, admin, port = user_client(f"{rules} {UNITS}", native)
+    # A line with the probe's +command|info takes the server's own commands for a plain reader, which
+    # judges an at-most-once record by PTTL and PEXPIRETIME (acl.md: add +pexpiretime to such lines).
+    reads = " +pexpiretime" if "command|info" in rules else ""
+    namespace, name, password, admin, port = user_client(f"{rules} {UNITS}{reads}", native)
     with contextlib.closing(redis.Redis(host=servers.HOST, port=port, username=name, password=password)) as client:
         options = {"namespace": namespace, "at_most_once": True, "checkpoints": True, "fencing": True}
         owner = Claim(client, unique(), lease=5, **options)

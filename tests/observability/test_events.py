@@ -92,10 +92,13 @@ def test_each_operation_ends_in_one_event_with_its_outcome(client: redis.Redis, 
     assert events.outcomes("complete", key) == ["completed"]
     assert events.outcomes("release", key) == ["not_held"]
     assert events.outcomes("forget", key) == ["forgotten", "not_held"]
+    # Stock redis-server 7: claims take its SET ... NX GET and forget its DEL, the rest the scripts
+    # (no SET IFEQ, no DELIFEQ).
+    assert [e.path for e in events.events if e.operation == "acquire"] == ["command"] * 3
     for event in events.events:
         assert event.outcome in _events.OUTCOMES
         assert event.namespace == "goblin"
-        assert event.path == "script"  # stock redis-server: the scripts
+        assert event.path == ("command" if event.operation in ("acquire", "forget") else "script")
         assert event.duration is not None
         assert 0 < event.duration < 5
         assert event.error is None
@@ -126,7 +129,11 @@ def test_fence_is_carried_by_the_claimed_event(client: redis.Redis, events: Reco
 
 
 def test_native_path_is_reported(redis_native: RedisProcess, events: Recorder) -> None:
-    """On a server with GOBLIN.CLAIM / GOBLIN.CAD, acquire and release events say path=native."""
+    """With GOBLIN.CLAIM / GOBLIN.CAD loaded: path=native for what they serve, command for the server's own commands.
+
+    A one-key claim takes Redis 7's SET ... NX GET (command), a release GOBLIN.CAD (native), a
+    two-key claim GOBLIN.CLAIM (native), complete the script (Redis 7 has no SET IFEQ).
+    """
     client = redis_native.client()
     try:
         claim = Claim(client, unique())
@@ -134,7 +141,34 @@ def test_native_path_is_reported(redis_native: RedisProcess, events: Recorder) -
         claim.release()
         claim.acquire()
         claim.complete(b"v")
-        assert [e.path for e in events.events] == ["native", "native", "native", "script"]
+        claim_key = f"c:{{{unique()}}}"
+        Claim.from_keys(client, claim_key, claim_key.replace("c:", "r:", 1)).acquire()
+        assert [e.path for e in events.events] == ["command", "native", "command", "script", "native"]
+    finally:
+        client.close()
+
+
+def test_the_server_s_own_commands_are_reported_as_command(valkey_standalone: RedisProcess, events: Recorder) -> None:
+    """On Valkey 9 a plain one-key record goes by its own commands: every operation says path=command."""
+    client = valkey_standalone.client()
+    try:
+        claim = Claim(client, unique())
+        claim.acquire()
+        claim.extend()
+        claim.complete(b"v")
+        Claim(client, claim.key).acquire()
+        other = Claim(client, unique())
+        other.acquire()
+        other.release()
+        other.forget()
+        assert [(e.operation, e.path) for e in events.events] == [
+            ("acquire", "command"), ("extend", "command"), ("complete", "command"), ("acquire", "command"),
+            ("acquire", "command"), ("release", "command"), ("forget", "command"),
+        ]  # fmt: skip
+        fenced = Claim(client, unique(), fencing=True)
+        fenced.acquire()
+        fenced.complete(b"v")
+        assert [e.path for e in events.events[-2:]] == ["script", "script"]  # fencing keeps the scripts
     finally:
         client.close()
 
@@ -184,11 +218,11 @@ def test_acquire_many_reports_each_key(client: redis.Redis, events: Recorder) ->
 
 
 def test_script_reload_after_a_flush_is_reported(client: redis.Redis, events: Recorder) -> None:
-    """After SCRIPT FLUSH the next claim reports a script_reload notice and still ends claimed."""
+    """After SCRIPT FLUSH the next scripted claim reports a script_reload notice and still ends claimed."""
     Claim(client, unique()).acquire()  # the client is probed and its scripts loaded
     client.script_flush()
     key = unique()
-    assert isinstance(Claim(client, key).acquire(), Claimed)
+    assert isinstance(Claim(client, key, native="never").acquire(), Claimed)
     assert events.outcomes("script_reload", key) == ["reloaded"]
     assert events.outcomes("acquire", key) == ["claimed"]
 

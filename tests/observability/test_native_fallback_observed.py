@@ -19,6 +19,11 @@ from tests.conftest import unique
 from tests.observability.conftest import Telemetry
 
 
+def _pair() -> tuple[str, str]:
+    key = unique("n")
+    return f"c:{{{key}}}", f"r:{{{key}}}"
+
+
 def test_native_commands_gone_after_the_probe_fall_back_to_the_scripts(
     own_server: Any, goblin_module: str, otel: Telemetry, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -29,9 +34,10 @@ def test_native_commands_gone_after_the_probe_fall_back_to_the_scripts(
     goblin_claim.add_listener(events.append)
     caplog.set_level(logging.WARNING, logger="goblin_claim")
     try:
-        assert isinstance(Claim(client, unique("n")).acquire(), Claimed)
+        # Two keys: GOBLIN.CLAIM (a one-key claim takes the server's own SET ... NX GET).
+        assert isinstance(Claim.from_keys(client, *_pair()).acquire(), Claimed)
         client.execute_command("MODULE", "UNLOAD", "goblin")  # the reference module's name
-        later = Claim(client, unique("n"))
+        later = Claim.from_keys(client, *_pair())
         assert isinstance(later.acquire(), Claimed)
         assert client.get(later.claim_key) is not None
     finally:

@@ -1,9 +1,11 @@
-"""Five implementations of the protocol, held to the seed side by side.
+"""The implementations of the protocol, held to the seed side by side.
 
 The reference module on a real redis-server, the seed's own Lua script on a stock
 redis-server, the fakeredis plug-in (``goblin_claim.testing``), Valkey's built-in
 owner checks (``DELIFEQ`` for CAD, ``SET ... IFEQ ... EX`` for the lease renewal,
-on valkey-server without the module) and a pure-Python model
+on valkey-server without the module), the servers' own claim of the one-key record
+(``SET key token NX GET EX seconds`` on Redis 7.0, Redis 8.2, Valkey 9 and fakeredis,
+its nil read as ``CLAIMED``, as the SDK reads it) and a pure-Python model
 (``tests/support/protocol_model.py``) run every row of the seed's table and its edge
 cases, and the SDK's lease renewal (extend.lua where there is no built-in check),
 called directly, inside MULTI/EXEC and from a script (``redis.call``), and must
@@ -35,21 +37,29 @@ Impl = ClientImpl | ModelImpl
 def impls(
     request: pytest.FixtureRequest, redis_native: RedisProcess, redis_standalone: RedisProcess
 ) -> Iterator[list[Impl]]:
-    """The module, the seed's script, the plug-in, Valkey's built-ins and the model, each on a data set of its own.
+    """The module, the seed's script, the plug-in, Valkey's built-ins, the servers' own claim and the model.
 
-    Valkey's built-ins join where valkey-server is built (always in CI).
+    Each on a data set of its own (a database of its own on a shared server). Valkey's and
+    Redis 8.2's join where their servers are there (always in CI).
     """
     module, stock, fake = redis_native.client(), redis_standalone.client(), fake_redis(native=True)
-    clients = [module, stock, fake]
+    clients = [module, stock, fake, redis_standalone.client(db=1), fake_redis(native=False)]
     found = [
         ClientImpl("module", module, native=True),
         ClientImpl("seed script", stock, native=False),
         ClientImpl("plug-in", fake, native=True),
+        ClientImpl("redis 7 SET NX GET", clients[3], native=False, own_claim=True),
+        ClientImpl("fakeredis SET NX GET", clients[4], native=False, own_claim=True),
     ]
     if IN_CI or servers.valkey_server_binary() is not None:
         valkey: RedisProcess = request.getfixturevalue("valkey_standalone")
-        clients.append(valkey.client())
-        found.append(ClientImpl("valkey built-ins", clients[-1], native=False, builtin=True))
+        clients += [valkey.client(), valkey.client(db=1)]
+        found.append(ClientImpl("valkey built-ins", clients[-2], native=False, builtin=True))
+        found.append(ClientImpl("valkey SET NX GET", clients[-1], native=False, own_claim=True))
+    if IN_CI or servers.redis8_server_binary() is not None:
+        redis8: RedisProcess = request.getfixturevalue("redis8_standalone")
+        clients.append(redis8.client(db=1))
+        found.append(ClientImpl("redis 8.2 SET NX GET", clients[-1], native=False, own_claim=True))
     yield [*found, ModelImpl()]
     for client in clients:
         client.close()
@@ -138,6 +148,30 @@ CASES: dict[str, tuple[tuple[tuple[Any, ...], ...], str, tuple[Any, ...], Reply]
         ("c", "c", "worker-9", b"30"),
         Error("WRONGTYPE"),
     ),
+    "result_key is claim_key, held by the same token: the token (only the client tells its own)": (
+        (("set", "c", "worker-9"),),
+        "claim",
+        ("c", "c", "worker-9", b"30"),
+        b"worker-9",
+    ),
+    "result_key is claim_key, a completed record: the record": (
+        (("set", "c", b"done worker-3 charged:txn_551"),),
+        "claim",
+        ("c", "c", "worker-9", b"30"),
+        b"done worker-3 charged:txn_551",
+    ),
+    "result_key is claim_key, an empty value: the empty value": (
+        (("set", "c", b""),),
+        "claim",
+        ("c", "c", "t", b"30"),
+        b"",
+    ),
+    "result_key is claim_key, lapsed: CLAIMED": (
+        (("set", "c", WORKER_3, 1), ("sleep", 5)),
+        "claim",
+        ("c", "c", "worker-9", b"30"),
+        b"CLAIMED",
+    ),
     "lapsed claim reads as free: CLAIMED": (
         (("set", "c", WORKER_3, 1), ("sleep", 5)),
         "claim",
@@ -216,6 +250,11 @@ for _seconds, _kind in BAD_SECONDS.items():
         _setup: tuple[tuple[Any, ...], ...] = (("set", "c", WORKER_3), ("set", "r", b"v")) if _held else ()
         CASES[f"seconds {_seconds.decode()!r}, {'held' if _held else 'free'}: {_kind}"] = (
             _setup, "claim", ("c", "r", "worker-9", _seconds), Error(_kind),
+        )  # fmt: skip
+        # The one-key record (SET ... NX GET's job): the expiry is checked before NX and before GET.
+        _one: tuple[tuple[Any, ...], ...] = (("set", "c", WORKER_3),) if _held else ()
+        CASES[f"one key, seconds {_seconds.decode()!r}, {'held' if _held else 'free'}: {_kind}"] = (
+            _one, "claim", ("c", "c", "worker-9", _seconds), Error(_kind),
         )  # fmt: skip
 
 

@@ -67,23 +67,33 @@ def native_client(with_module: servers.RedisProcess) -> Iterator[redis.Redis]:
 # --------------------------------------------------------------------------- the SDK takes the native path
 
 
-def test_sdk_sends_goblin_claim_and_cad_where_the_module_is_loaded(native_client: redis.Redis) -> None:
-    """native="auto" on a server with the module: claims go out as GOBLIN.CLAIM, releases as GOBLIN.CAD.
+def _pair(client: Any) -> tuple[str, str]:
+    """Two keys of one slot, for a from_keys handle (GOBLIN.CLAIM's layout)."""
+    claim_key = f"c:{{{unique()}}}"
+    return claim_key, claim_key.replace("c:", "r:", 1)
 
-    Valkey 9's own owner-checked delete (DELIFEQ) is preferred to GOBLIN.CAD where the server has it.
+
+def test_sdk_sends_goblin_claim_and_cad_where_the_module_is_loaded(native_client: redis.Redis) -> None:
+    """native="auto" on a server with the module: two-key claims go out as GOBLIN.CLAIM, releases as GOBLIN.CAD.
+
+    The server's own commands are preferred where it has them: SET ... NX GET for a one-key
+    claim (Redis 7 and later, Valkey), DELIFEQ for the release (Valkey 9).
     """
     native_client.config_resetstat()
-    key = unique()
-    owner = Claim(native_client, key)
+    keys = _pair(native_client)
+    owner = Claim.from_keys(native_client, *keys)
     assert isinstance(owner.acquire(), Claimed)
-    assert Claim(native_client, key).acquire() == InFlight(key=key)
+    assert Claim.from_keys(native_client, *keys).acquire() == InFlight(key=keys[0])
     assert owner.release() is True
+    one_key = Claim(native_client, unique())
+    assert isinstance(one_key.acquire(), Claimed)
     stats = commandstats(native_client)
     found = state_of(native_client).native
     assert found >= frozenset(NATIVE_COMMANDS)
     assert stats.get("goblin.claim") == 2
     assert stats.get("delifeq" if "DELIFEQ" in found else "goblin.cad") == 1
-    assert stats.get("evalsha") == 1  # GOBLIN.CLAIM answered the holder's token: the duplicate peeks once
+    assert stats.get("evalsha") == 1  # GOBLIN.CLAIM answered nil: the duplicate peeks once
+    assert stats.get("set") == 1  # the one-key claim
 
 
 @pytest.mark.parametrize(
@@ -117,15 +127,15 @@ def test_sdk_on_the_module_cluster_routes_native_commands_to_each_keys_node(
     try:
         client.config_resetstat(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
         keys = [unique() for _ in range(30)]
-        assert all(isinstance(Claim(client, key).acquire(), Claimed) for key in keys)
+        pairs = [(f"c:{{{key}}}", f"r:{{{key}}}") for key in keys]
+        assert all(isinstance(Claim.from_keys(client, *pair).acquire(), Claimed) for pair in pairs)
         assert state_of(client).native >= frozenset(NATIVE_COMMANDS)
         per_node = [int(node.client().info("commandstats").get("cmdstat_goblin.claim", {}).get("calls", 0))
                     for node in cluster_with_module]  # fmt: skip
         assert sum(per_node) == 30
         assert all(per_node), per_node  # 30 keys land on all three primaries
-        for key in keys:
-            handle = Claim(client, key)
-            assert client.get(handle.claim_key) is not None  # each claim is on the node its slot maps to
+        for claim_key, _result_key in pairs:
+            assert client.get(claim_key) is not None  # each claim is on the node its slot maps to
     finally:
         client.close()
 

@@ -4,6 +4,9 @@
 - the seed's own Lua script (and the scripted CAD) on a stock redis-server,
 - a server's built-in owner checks (Valkey 9's ``DELIFEQ`` for CAD, ``SET ... IFEQ ...
   EX`` for the lease renewal; the claim is the seed's script there),
+- a server's own claim of the one-key record, ``SET key token NX GET EX seconds``
+  (Redis 7.0 and later, Valkey, fakeredis), read as the SDK reads it: nil is ``CLAIMED``,
+  anything else what the key held (two keys: the seed's script),
 - the fakeredis plug-in (``goblin_claim.testing.fake_redis(native=True)``),
 - the pure-Python model (``tests/support/protocol_model.py``).
 
@@ -29,6 +32,7 @@ __all__ = [
     "CALL_CLAIM",
     "CALL_DELIFEQ",
     "CALL_SET_IFEQ",
+    "CALL_SET_NX_GET",
     "CONTEXTS",
     "SCRIPT_CAD",
     "SCRIPT_EXTEND",
@@ -54,6 +58,8 @@ CALL_CAD = "return redis.call('GOBLIN.CAD', KEYS[1], ARGV[1])"
 SCRIPT_EXTEND = EXTEND.source
 # The built-in owner checks, called from a script.
 CALL_DELIFEQ = "return redis.call('DELIFEQ', KEYS[1], ARGV[1])"
+# The server's own claim of the one-key record, called from a script (nil comes back as false).
+CALL_SET_NX_GET = "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'EX', ARGV[2])"
 CALL_SET_IFEQ = "return redis.call('SET', KEYS[1], ARGV[1], 'IFEQ', ARGV[1], 'EX', ARGV[2])"
 
 CONTEXTS = ("direct", "multi", "eval")
@@ -104,13 +110,18 @@ class ClientImpl:
         native: Send GOBLIN.CLAIM / GOBLIN.CAD; else run the scripted forms.
         builtin: Send the server's own owner checks for CAD (DELIFEQ) and the
             renewal (SET ... IFEQ ... EX), whatever ``native`` says of the claim.
+        own_claim: Claim one key (claim key = result key) with the server's own
+            ``SET ... NX GET EX``, as the SDK does, its nil read as ``CLAIMED``.
     """
 
-    def __init__(self, name: str, client: redis.Redis, native: bool, builtin: bool = False) -> None:
+    def __init__(
+        self, name: str, client: redis.Redis, native: bool, builtin: bool = False, own_claim: bool = False
+    ) -> None:
         self.name = name
         self.client = client
         self.native = native
         self.builtin = builtin
+        self.own_claim = own_claim
 
     def arrange(self, op: tuple[Any, ...]) -> None:
         """Apply one setup step: ("set", key, value[, px]) or ("hset", key) (a hash replaces the key)."""
@@ -132,6 +143,8 @@ class ClientImpl:
         """``command`` ("claim", "cad" or "extend") with ``args``, in ``context``."""
         if command == "extend" or (command == "cad" and self.builtin):
             return self._run_owner_check(command, context, args)
+        if command == "claim" and self.own_claim and args[0] == args[1]:
+            return self._run_set_nx_get(context, args)
         numkeys = 2 if command == "claim" else 1
         native = "GOBLIN.CLAIM" if command == "claim" else "GOBLIN.CAD"
         if not self.native:
@@ -167,6 +180,18 @@ class ClientImpl:
         else:
             reply = _reply(lambda: self.client.eval(call, 1, *args))
         return _renewed(reply) if command == "extend" else reply
+
+    def _run_set_nx_get(self, context: str, args: Sequence[bytes]) -> Reply:
+        """``SET key token NX GET EX seconds``: its nil (or a script's false) as ``CLAIMED``, as the SDK reads it."""
+        key, _result, token, seconds = args
+        command = ("SET", key, token, "NX", "GET", "EX", seconds)
+        if context == "direct":
+            reply = _reply(lambda: self.client.execute_command(*command, get=True))
+        elif context == "multi":
+            reply = _reply(lambda: self._multi(lambda pipe: pipe.execute_command(*command, get=True)))
+        else:
+            reply = _reply(lambda: self.client.eval(CALL_SET_NX_GET, 1, key, token, seconds))
+        return b"CLAIMED" if reply is None else reply
 
     def _multi(self, queue: Any) -> list[Any]:
         pipe = self.client.pipeline(transaction=True)

@@ -28,9 +28,17 @@ from typing import Literal
 
 from tests.support.servers import HOST, free_port
 
-__all__ = ["FaultProxy", "Faults", "ProtocolError", "parse_request", "proxy_nodes", "reply_end"]
+__all__ = [
+    "SET_IFEQ", "SET_NX_GET", "FaultProxy", "Faults", "ProtocolError", "parse_request", "proxy_nodes", "reply_end",
+]  # fmt: skip
 
 Action = Literal["pass", "lose", "hold", "drop"]
+
+# The SDK's claim and store by the server's own commands, as a request's bytes show them
+# (with the record's key beside them, to match one command): ``SET key token NX GET EX
+# lease`` and ``SET key "done <token> <value>" IFEQ token EX ttl``.
+SET_NX_GET = b"$2\r\nNX\r\n$3\r\nGET\r\n"
+SET_IFEQ = b"$4\r\nIFEQ\r\n"
 Remap = Callable[[tuple[str, int]], tuple[str, int]]
 
 
