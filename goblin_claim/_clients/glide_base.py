@@ -41,6 +41,13 @@ _CODES = {
     "NotBusy": "NOTBUSY",
     "AuthenticationFailed": "WRONGPASS",
 }
+# How GLIDE words a failure of its own link to a node ("<Kind>: <detail>", no server
+# prefix): an I/O kind, or its cluster layer losing a node's reply. Nothing was
+# answered, so it is a connection error, as redis-py raises for a broken socket.
+_LINK_FAILURES = frozenset({
+    "BrokenPipe", "ConnectionReset", "ConnectionAborted", "ConnectionRefused", "NotConnected",
+    "UnexpectedEof", "IoError", "FatalSendError", "FatalReceiveError",
+})  # fmt: skip
 # Commands whose arguments hold no key: routed by GLIDE's own rules (or as a batch's WAIT).
 _KEYLESS = frozenset({"WAIT", "COMMAND", "SCRIPT", "PUBLISH", "PING", "INFO", "CLIENT", "FUNCTION"})
 # The native probe, as GLIDE can read it under both protocols.
@@ -53,7 +60,8 @@ def redis_error(exc: BaseException) -> BaseException:
     """The redis-py exception for what GLIDE raised (``exc`` itself when it is not GLIDE's).
 
     A server's error reply becomes what redis-py's parser makes of the same reply;
-    GLIDE's timeout and connection errors become redis-py's, and so does a closed client.
+    GLIDE's timeout and connection errors become redis-py's, and so do a closed client
+    and a request whose link to its node broke.
     """
     from glide_shared.exceptions import ClosingError, RequestError
     from glide_shared.exceptions import ConnectionError as GlideConnectionError
@@ -72,6 +80,8 @@ def redis_error(exc: BaseException) -> BaseException:
         reply = f"{code} {detail}" if code is not None else text
     else:
         code, separator, detail = text.partition(": ")  # "WRONGTYPE: Operation ...", "UNBLOCKED: ..."
+        if separator and code in _LINK_FAILURES:
+            return RedisConnectionError(f"GLIDE: {text}")
         reply = f"{code} {detail}" if separator and code.isupper() and " " not in code else text
     return BaseParser.parse_error(reply.rstrip())  # type: ignore[no-untyped-call, no-any-return]
 

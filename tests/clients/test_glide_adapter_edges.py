@@ -58,6 +58,28 @@ def test_a_glide_timeout_and_a_closed_client_are_redis_py_errors(own_server: Any
     run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # Its cluster layer lost a node's reply mid-request (seen under a client-kill storm).
+        ("BrokenPipe: Cluster: Failed to receive command response from internal sender. RecvError(())",
+         redis.exceptions.ConnectionError),
+        ("FatalReceiveError: channel closed", redis.exceptions.ConnectionError),
+        ("WRONGTYPE: Operation against a key holding the wrong kind of value", redis.exceptions.ResponseError),
+        ("An error was signalled by the server: - ReadOnly: You can't write against a read only replica.",
+         redis.exceptions.ReadOnlyError),
+    ],
+)  # fmt: skip
+def test_a_glide_request_error_is_what_redis_py_raises_for_the_same_failure(text: str, kind: type) -> None:
+    """A link that broke under a request is a connection error (transient), a server's reply its own error."""
+    from glide_shared.exceptions import RequestError
+
+    from goblin_claim._clients.glide_base import redis_error
+
+    made = redis_error(RequestError(text))
+    assert type(made) is kind, (type(made), made)
+
+
 def test_a_user_refused_the_native_probe_claims_through_the_scripts(redis_standalone: Any, run: Runner) -> None:
     """An ACL user without COMMAND: the probe's refusal means no native commands, and the claim still lands."""
     admin = redis_standalone.client()
