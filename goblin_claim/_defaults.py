@@ -13,5 +13,13 @@ TTL: Final = 86400
 # replicas=: how many replicas must acknowledge a claim and a result (WAIT), and for how long it waits.
 REPLICAS: Final = 0
 REPLICA_TIMEOUT_MS: Final = 500
+# How long a duplicate waits for in-flight work to finish, in seconds: Claim.wait(),
+# @idempotent(wait=) and the job doors' wait=, whose slot (a thread, a worker) it holds meanwhile.
+WAIT: Final = 10.0
+# The HTTP doors' wait=: a duplicate request answers 409 at once rather than holding a server worker.
+HTTP_WAIT: Final = 0.0
+# The HTTP doors' bounds on what they read to fingerprint a request and store to replay it, in bytes.
+MAX_BODY_BYTES: Final = 1024 * 1024
+MAX_RESPONSE_BYTES: Final = 1024 * 1024
 # checkpoints=True: the largest progress checkpoint() stores, in bytes (encoded).
 CHECKPOINT_MAX_BYTES: Final = 64 * 1024

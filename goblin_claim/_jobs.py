@@ -50,6 +50,7 @@ import pydantic_core
 
 from . import _events
 from ._decorator.idempotent import idempotent
+from ._defaults import WAIT
 from ._errors import InterruptedWorkError, InvalidArgumentError, InvalidArgumentTypeError, StillInFlightError
 
 __all__ = [
@@ -65,8 +66,6 @@ __all__ = [
     "wait_bound",
 ]
 
-# Seconds a duplicate job may wait in its worker slot for the first copy, by default.
-WAIT = 10.0
 # Past the lapse by this much, so the retry (or the waiter) finds the dead owner's claim gone.
 _MARGIN = 0.05
 # When the lease left is unknown (the claim freed between two reads), retry soon.

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
-from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
+from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL, WAIT
 from .._drivers.aio import AsyncClaim
 from .._drivers.sync import Claim
 from .._protocol.checks import (
@@ -43,7 +43,7 @@ def idempotent(
     key: Callable[..., str] | str,
     lease: int = LEASE,
     ttl: int = TTL,
-    wait: float = 10.0,
+    wait: float = WAIT,
     namespace: str | None = None,
     fingerprint: Callable[..., str] | tuple[str, ...] | None = ALL_ARGUMENTS,
     replay_errors: tuple[type[BaseException], ...] = (),

@@ -37,7 +37,7 @@ from .._clients.transport import (
     state_of,
     to_the_end_async,
 )
-from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
+from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL, WAIT
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -543,7 +543,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         self.last_checkpoint = value
 
     @_events.observe("wait")
-    async def wait(self, timeout: float = 10.0) -> Claimed | Completed:
+    async def wait(self, timeout: float = WAIT) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
 
         Sleeps with exponential backoff and full jitter between attempts, up to a

@@ -38,7 +38,7 @@ from .._clients.transport import (
     state_of,
     to_the_end,
 )
-from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
+from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL, WAIT
 from .._errors import (
     ClaimLostError,
     ConnectionFailedError,
@@ -544,7 +544,7 @@ class Claim(ClaimBase["SyncClient"]):
         self.last_checkpoint = value
 
     @_events.observe("wait")
-    def wait(self, timeout: float = 10.0) -> Claimed | Completed:
+    def wait(self, timeout: float = WAIT) -> Claimed | Completed:
         """Poll until the work is completed, or taken over by this handle.
 
         Sleeps with exponential backoff and full jitter between attempts, up to a

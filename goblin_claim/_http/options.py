@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
-from .._defaults import LEASE, REPLICA_TIMEOUT_MS, REPLICAS, TTL
+from .._defaults import HTTP_WAIT, LEASE, MAX_BODY_BYTES, MAX_RESPONSE_BYTES, REPLICA_TIMEOUT_MS, REPLICAS, TTL
 from .._errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._protocol.checks import check_flags, check_namespace, check_replicas, check_seconds, check_timeout, describe
 
@@ -128,12 +128,12 @@ class DoorOptions:
     header: str = "Idempotency-Key"
     lease: int = LEASE
     ttl: int = TTL
-    wait: float = 0.0
+    wait: float = HTTP_WAIT
     # Functions of the request, whatever each door's request is (Any: a door's narrower annotation takes these).
     scope: Callable[[Any], Any] | None = None
     shared_scope: bool = False
-    max_body_bytes: int = 1024 * 1024
-    max_response_bytes: int = 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_response_bytes: int = MAX_RESPONSE_BYTES
     replay_headers: Iterable[str] | None = None
     never_replayed: Iterable[str] = DEFAULT_NEVER_REPLAYED
     release_statuses: Iterable[int] = DEFAULT_RELEASE_STATUSES
