@@ -193,6 +193,25 @@ def until(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+def subscribed(client: Any, channel: str, count: int = 1) -> bool:
+    """Whether ``channel`` has ``count`` subscribers on the server (``client``: a redis-py or valkey-py one).
+
+    On a cluster the wake-ups subscribe to sharded channels, on the channel's node:
+    SHARDNUMSUB asks that node.
+    """
+    if hasattr(client, "get_node_from_key"):
+        node = client.get_node_from_key(channel)
+        reply = client.execute_command("PUBSUB SHARDNUMSUB", channel, target_nodes=node)
+    else:
+        reply = client.execute_command("PUBSUB NUMSUB", channel)
+    if isinstance(reply, dict):  # a cluster client keys the reply by node
+        reply = next(iter(reply.values()))
+    if reply and isinstance(reply[0], (list, tuple)):  # [(channel, count), ...], as redis-py's parser pairs it
+        reply = [item for pair in reply for item in pair]
+    found = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in zip(reply[::2], reply[1::2], strict=True)}
+    return found.get(channel, 0) >= count
+
+
 def wait_past_subscription(client: Any, waiter: Any, finish: Callable[[], object], timeout: float = 20) -> Any:
     """``waiter.wait()`` run in a thread, with ``finish()`` called once its wake-up subscriber listens.
 
@@ -202,7 +221,7 @@ def wait_past_subscription(client: Any, waiter: Any, finish: Callable[[], object
     outcome: list[Any] = []
     thread = threading.Thread(target=lambda: outcome.append(waiter.wait(timeout=timeout)))
     thread.start()
-    assert until(lambda: client.pubsub_numsub(waiter.claim_key)[0][1] >= 1, timeout=10), "never subscribed"
+    assert until(lambda: subscribed(client, waiter.claim_key), timeout=10), "never subscribed"
     finish()
     thread.join(timeout)
     assert len(outcome) == 1, outcome

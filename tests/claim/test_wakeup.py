@@ -19,7 +19,7 @@ import redis.cluster
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed
 from goblin_claim._drivers.wakeup import wakeups
 from goblin_claim._protocol.timing import Backoff, WaitSchedule
-from tests.conftest import Backend, unique
+from tests.conftest import Backend, subscribed, unique, until, until_async
 from tests.support.servers import HOST
 
 SLOW = Backoff(first=5.0, cap=5.0, floor=5.0)  # a poll every five seconds
@@ -58,7 +58,9 @@ def test_sync_waiter_wakes_on_the_announcement(backend: Backend, action: str) ->
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.3)  # the waiter polled once and sleeps towards its next poll
+    # The waiter polled once, found the work in flight and listens; its next poll is 5 s away.
+    raw = backend.raw()
+    assert until(lambda: subscribed(raw, waiter.claim_key), timeout=10), "never subscribed"
     started = time.monotonic()
     if action == "complete":
         owner.complete(b"done")
@@ -76,6 +78,7 @@ def test_sync_waiter_wakes_on_the_announcement(backend: Backend, action: str) ->
 
 def test_async_waiter_wakes_on_complete(backend: Backend) -> None:
     """The asyncio twin: a waiting task learns of complete() at once (polls where pub/sub is missing)."""
+    raw = backend.raw()
 
     async def scenario() -> float:
         client = backend.async_()
@@ -85,7 +88,8 @@ def test_async_waiter_wakes_on_complete(backend: Backend) -> None:
             await owner.acquire()
             waiter = SlowPollingAsyncClaim(client, key)
             task = asyncio.create_task(waiter.wait(timeout=20))
-            await asyncio.sleep(0.3)
+            if not backend.is_cluster:  # the asyncio cluster client has no pub/sub: nothing to wait for
+                assert await until_async(lambda: subscribed(raw, waiter.claim_key), timeout=10), "never subscribed"
             started = time.monotonic()
             await owner.complete(b"done")
             assert await task == Completed(key=key, value=b"done")
@@ -112,7 +116,8 @@ def test_many_waiters_share_one_subscriber(backend: Backend) -> None:
     ]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    raw = backend.raw()
+    assert until(lambda: all(subscribed(raw, owner.claim_key) for owner in owners), timeout=10), "not all subscribed"
     subscriber = wakeups(client)
     assert subscriber is not None
     listeners = [t for t in set(threading.enumerate()) - before if t.name == "goblin-claim wake-ups"]
@@ -127,6 +132,18 @@ def test_many_waiters_share_one_subscriber(backend: Backend) -> None:
     assert len(listeners) == 1
 
 
+# What a connection runs before its first poll (CLIENT LIST's cmd): its set-up and the native probe.
+_SET_UP = frozenset({"NULL", "hello", "auth", "client|setinfo", "client|setname", "select", "ping", "command|info"})
+
+
+def _polled(admin: Any, **match: str) -> bool:
+    """Whether a connection whose CLIENT LIST fields hold ``match`` has sent a poll: a command past its set-up."""
+    return any(
+        all(entry.get(field) == value for field, value in match.items()) and entry.get("cmd") not in _SET_UP
+        for entry in admin.client_list()
+    )
+
+
 def test_waiters_poll_where_pub_sub_is_refused(redis_standalone: Any) -> None:
     """An ACL user without pub/sub still waits (by polling) and gets the result."""
     admin = redis_standalone.client()
@@ -139,7 +156,7 @@ def test_waiters_poll_where_pub_sub_is_refused(redis_standalone: Any) -> None:
         owner.acquire()
 
         def later() -> None:
-            time.sleep(0.3)
+            assert until(lambda: _polled(admin, user=user), timeout=10), "the waiter never polled"
             owner.complete(b"v")
 
         thread = threading.Thread(target=later)
@@ -201,7 +218,7 @@ def test_sync_waiter_on_one_connection_sees_the_completion(redis_standalone: Any
         seen: list[int] = []
 
         def later() -> None:
-            time.sleep(0.5)  # the waiter is polling by then
+            assert until(lambda: _polled(admin, name=name), timeout=10), "the waiter never polled"
             seen.append(_connections_named(admin, name))
             owner.complete(b"v")
 
@@ -225,11 +242,13 @@ def test_async_waiter_on_one_connection_sees_the_completion(redis_standalone: An
     async def scenario() -> tuple[Any, int]:
         client = _async_one_connection(redis_standalone, kind, name)
         try:
-            # The owner shares the waiter's one connection, as the tasks of one application do.
-            owner = AsyncClaim(client, key)
-            await owner.acquire()
+            # The claim is taken elsewhere, so the first command past the one connection's set-up
+            # is the waiter's poll; the owner then completes on that same connection, as the
+            # tasks of one application share it.
+            token = Claim(admin, key).acquire().token
             task = asyncio.create_task(AsyncClaim(client, key).wait(timeout=8))
-            await asyncio.sleep(0.5)
+            assert await until_async(lambda: _polled(admin, name=name), timeout=10), "the waiter never polled"
+            owner = AsyncClaim(client, key, token=token)
             count = await asyncio.to_thread(_connections_named, admin, name)
             await owner.complete(b"v")
             return await task, count
@@ -247,6 +266,7 @@ def test_async_waiter_on_one_connection_sees_the_completion(redis_standalone: An
 def test_a_single_connection_client_is_woken_by_push(redis_standalone: Any) -> None:
     """single_connection_client on its default pool: the subscriber takes a second connection, as pubsub() would."""
     client = redis_standalone.client(single_connection_client=True)
+    admin = redis_standalone.client()
     try:
         key = unique()
         owner = Claim(client, key)
@@ -254,7 +274,7 @@ def test_a_single_connection_client_is_woken_by_push(redis_standalone: Any) -> N
         outcome: list[Any] = []
         thread = threading.Thread(target=lambda: outcome.append(SlowPollingClaim(client, key).wait(timeout=20)))
         thread.start()
-        time.sleep(0.3)
+        assert until(lambda: subscribed(admin, owner.claim_key), timeout=10), "never subscribed"
         started = time.monotonic()
         owner.complete(b"v")
         thread.join(10)
@@ -262,10 +282,12 @@ def test_a_single_connection_client_is_woken_by_push(redis_standalone: Any) -> N
         assert outcome == [Completed(key=key, value=b"v")]
     finally:
         client.close()
+        admin.close()
 
 
 def test_an_asyncio_single_connection_client_is_woken_by_push(redis_standalone: Any) -> None:
     """The asyncio twin: a single_connection_client's waiting task learns of complete() by push."""
+    admin = redis_standalone.client()
 
     async def scenario() -> tuple[Any, float]:
         client = redis.asyncio.Redis(host=HOST, port=redis_standalone.port, single_connection_client=True)
@@ -274,7 +296,7 @@ def test_an_asyncio_single_connection_client_is_woken_by_push(redis_standalone: 
             owner = AsyncClaim(client, key)
             await owner.acquire()
             task = asyncio.create_task(SlowPollingAsyncClaim(client, key).wait(timeout=20))
-            await asyncio.sleep(0.3)
+            assert await until_async(lambda: subscribed(admin, owner.claim_key), timeout=10), "never subscribed"
             started = time.monotonic()
             await owner.complete(b"v")
             outcome = await task
@@ -282,7 +304,10 @@ def test_an_asyncio_single_connection_client_is_woken_by_push(redis_standalone: 
         finally:
             await client.aclose()
 
-    outcome, elapsed = asyncio.run(scenario())
+    try:
+        outcome, elapsed = asyncio.run(scenario())
+    finally:
+        admin.close()
     assert outcome.kind == "completed"
     assert elapsed < 2.5
 
@@ -290,15 +315,23 @@ def test_an_asyncio_single_connection_client_is_woken_by_push(redis_standalone: 
 def test_a_cluster_client_with_one_connection_per_node_polls(redis_cluster: list[Any]) -> None:
     """A sync cluster client capped at one connection per node: no subscriber takes the key's node's only one."""
     admin = redis.cluster.RedisCluster(host=HOST, port=redis_cluster[0].port)
-    client = redis.cluster.RedisCluster(host=HOST, port=redis_cluster[0].port, max_connections=1)
+    name = unique("one")
+    client = redis.cluster.RedisCluster(host=HOST, port=redis_cluster[0].port, max_connections=1, client_name=name)
     try:
         key = unique()
         owner = Claim(admin, key)
         owner.acquire()
-        timer = threading.Timer(0.5, owner.complete, (b"v",))
-        timer.start()
+        node = redis.Redis(host=HOST, port=admin.get_node_from_key(owner.claim_key).port)
+
+        def later() -> None:
+            assert until(lambda: _polled(node, name=name), timeout=10), "the waiter never polled"
+            owner.complete(b"v")
+
+        thread = threading.Thread(target=later)
+        thread.start()
         assert Claim(client, key).wait(timeout=8) == Completed(key=key, value=b"v")
-        timer.join()
+        thread.join()
+        node.close()
     finally:
         client.close()
         admin.close()

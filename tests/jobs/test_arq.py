@@ -18,6 +18,7 @@ from tests.conftest import IN_CI
 from tests.support.queue_workers import (
     Worker,
     charges,
+    duplicate_waits,
     first_pid,
     held_until_started,
     mid_run_line,
@@ -177,7 +178,7 @@ def test_duplicate_of_a_long_job_gives_its_slot_back(
 
     def other_job_meanwhile() -> None:
         first_pid(data, "long")
-        time.sleep(0.5)  # the duplicate waits in the other slot, at most the 3 s lease left
+        duplicate_waits(data, "long")  # in the other slot, at most the 3 s lease left
         (other,) = _run_jobs(app, [("other", 2)], timeout=10)
         assert other["event_id"] == "other"
         seen.append(charges(data, "long"))  # 0: the long job still runs

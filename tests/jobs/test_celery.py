@@ -17,6 +17,7 @@ from tests.support.apps.jobs.common import marked
 from tests.support.queue_workers import (
     Worker,
     charges,
+    duplicate_waits,
     first_pid,
     held_until_started,
     mid_run_line,
@@ -193,7 +194,7 @@ def test_duplicate_of_a_long_job_gives_its_slot_back(app: Any, worker: Callable[
     first = app.charge.delay("long", 1)
     first_pid(data, "long")
     duplicate = app.charge.delay("long", 1)
-    time.sleep(0.5)  # the duplicate reaches the free process and waits there, at most the 3 s lease left
+    duplicate_waits(data, "long")  # in the free process, at most the 3 s lease left
     other = app.charge.delay("other", 2)
     assert other.get(timeout=10)["event_id"] == "other"  # the second process was given back for it
     assert not first.ready()  # the long job still runs: the duplicate did not wait for it in a slot

@@ -17,6 +17,7 @@ from tests.support.apps.jobs.common import marked
 from tests.support.queue_workers import (
     Worker,
     charges,
+    duplicate_waits,
     first_pid,
     held_until_started,
     mid_run_line,
@@ -140,7 +141,7 @@ def test_duplicate_of_a_long_job_gives_its_thread_back(
     first = app.charge.send("long", 1)
     first_pid(data, "long")
     duplicate = app.charge.send("long", 1)
-    time.sleep(0.5)  # the duplicate reaches the free thread and waits there, at most the 3 s lease left
+    duplicate_waits(data, "long")  # in the free thread, at most the 3 s lease left
     other = app.charge.send("other", 2)
     assert _result(app, other, timeout=10)["event_id"] == "other"
     assert charges(data, "long") == 0  # the long job still runs: the duplicate gave the other thread back

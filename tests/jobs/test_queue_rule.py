@@ -20,7 +20,7 @@ import redis.asyncio
 
 from goblin_claim import Claim, StillInFlightError
 from goblin_claim._jobs import WAIT, job_function, retry_delay, wait_bound
-from tests.conftest import unique
+from tests.conftest import subscribed, unique, until, until_async
 from tests.support.servers import HOST, RedisProcess
 
 
@@ -58,7 +58,8 @@ def test_a_duplicate_job_is_answered_when_the_first_completes(redis_standalone: 
     """A duplicate arriving mid-run waits (lease 30 s) and gets the stored answer as the first completes."""
     client = redis_standalone.client()
     job = Job()
-    charge = job_function(job, client, "event_id", {"lease": 30}, namespace=unique("jobs"))
+    namespace = unique("jobs")
+    charge = job_function(job, client, "event_id", {"lease": 30}, namespace=namespace)
     first: list[Any] = []
     answered: list[tuple[Any, float]] = []
     runner = threading.Thread(target=lambda: first.append(charge("e1")))
@@ -70,7 +71,9 @@ def test_a_duplicate_job_is_answered_when_the_first_completes(redis_standalone: 
 
     waiter = threading.Thread(target=duplicate)
     waiter.start()
-    time.sleep(0.5)  # the duplicate found the work in flight and waits
+    # The duplicate found the work in flight and waits for its announcement.
+    claim_key = Claim(client, "e1", namespace=namespace).claim_key
+    assert until(lambda: subscribed(client, claim_key), timeout=10), "the duplicate never waited"
     assert not answered
     released = time.monotonic()
     job.go_on.set()
@@ -149,6 +152,9 @@ def test_wait_zero_answers_in_flight_at_once(redis_standalone: RedisProcess) -> 
 def test_an_async_duplicate_job_is_answered_when_the_first_completes(redis_standalone: RedisProcess) -> None:
     """The asyncio twin (arq's door): a duplicate task waits and gets the stored answer as the first completes."""
     runs: list[str] = []
+    admin = redis_standalone.client()
+    namespace = unique("jobs")
+    claim_key = Claim(admin, "e5", namespace=namespace).claim_key
 
     async def scenario() -> tuple[Any, Any, float]:
         client = redis.asyncio.Redis(host=HOST, port=redis_standalone.port)
@@ -159,12 +165,13 @@ def test_an_async_duplicate_job_is_answered_when_the_first_completes(redis_stand
             await go_on.wait()
             return {"event_id": event_id}
 
-        charge = job_function(job, client, "event_id", {"lease": 30}, namespace=unique("jobs"))
+        charge = job_function(job, client, "event_id", {"lease": 30}, namespace=namespace)
         try:
             first = asyncio.create_task(charge("e5"))
-            await asyncio.sleep(0.2)
+            assert await until_async(lambda: bool(runs), timeout=10), "the first copy never started"
             duplicate = asyncio.create_task(charge("e5"))
-            await asyncio.sleep(0.5)  # the duplicate found the work in flight and waits
+            # The duplicate found the work in flight and waits for its announcement.
+            assert await until_async(lambda: subscribed(admin, claim_key), timeout=10), "the duplicate never waited"
             assert not duplicate.done()
             released = time.monotonic()
             go_on.set()
@@ -173,7 +180,10 @@ def test_an_async_duplicate_job_is_answered_when_the_first_completes(redis_stand
         finally:
             await client.aclose()
 
-    first, answer, after = asyncio.run(scenario())
+    try:
+        first, answer, after = asyncio.run(scenario())
+    finally:
+        admin.close()
     assert first == answer == {"event_id": "e5"}
     assert runs == ["e5"]
     assert after < 5

@@ -104,6 +104,15 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def duplicate_waits(client: redis.Redis, event_id: str, timeout: float = 10) -> None:
+    """Return once a copy of ``event_id``'s job waits for the first: it listens on the claim's wake-up channel.
+
+    The copy that runs holds the claim and listens to nothing, so a subscriber on a
+    channel naming the key is a duplicate that found the work in flight.
+    """
+    wait_until(lambda: client.pubsub_channels(f"*{event_id}*"), timeout, f"a duplicate of {event_id} to wait")
+
+
 def first_pid(client: redis.Redis, event_id: str) -> int:
     """The process that ran the job first (its pool child), once it started."""
     pids = wait_until(lambda: client.lrange(f"pids:{event_id}", 0, 0), 30, f"{event_id} to start")
