@@ -191,54 +191,74 @@ class ClaimBase(Generic[ClientT]):
         if _CLIENT_KINDS.get(type(client)) is not self._wants_async:
             client = adapt(client)
             check_client(client, self._wants_async, type(self).__name__)
-        self._client = client
         if type(key) is not str or not key or not key.isascii():
             _check_text("key", key)
-        self.key = key
         if type(namespace) is not str or namespace not in _NAMESPACES_SEEN:
             _remember_namespace(check_namespace(namespace))
-        self.claim_key, self.result_key = build_keys(namespace, key)
-        self.lease = lease if type(lease) is int and 0 < lease <= MAX_SECONDS else check_seconds("lease", lease)
-        self.ttl = ttl if type(ttl) is int and 0 < ttl <= MAX_SECONDS else check_seconds("ttl", ttl)
-        self.token = new_token() if token is None else check_token(token)
-        self._made_token = token is None  # unique to this handle: no other handle can hold it
-        self._native = native if type(native) is str and native == "auto" else check_native(native)
-        self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
-        self._holder: object = None  # what the last claim reply said claim_key holds, when it said
-        self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
-        self._fence: int | None = None  # the fence of the claim this handle holds or last held
-        self._keeper: Any = None  # the keep-alive renewing this handle's claim, for ensure_held()
-        if fencing is False:
-            self._fence_key: str | None = None
-        elif fencing is True:
-            self._fence_key = self.claim_key + FENCE_SUFFIX
-        else:
+        if type(lease) is not int or not 0 < lease <= MAX_SECONDS:
+            lease = check_seconds("lease", lease)
+        if type(ttl) is not int or not 0 < ttl <= MAX_SECONDS:
+            ttl = check_seconds("ttl", ttl)
+        made = token is None  # a token made here is unique to this handle: no other handle can hold it
+        token = new_token() if made else check_token(token)
+        if type(native) is not str or native != "auto":
+            native = check_native(native)
+        if fencing is not False and fencing is not True:
             raise InvalidArgumentTypeError(f"fencing must be True or False, not {describe(fencing)}", key=key)
         # The default, no WAIT; exact types first, so False or 0.0 are refused below like any bad value.
-        if (
+        if not (
             type(replicas) is int
             and replicas == REPLICAS
             and type(replica_timeout_ms) is int
             and replica_timeout_ms == REPLICA_TIMEOUT_MS
         ):
-            self._replicas, self._replica_timeout_ms = REPLICAS, REPLICA_TIMEOUT_MS
-        else:
-            self._replicas, self._replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
-        if at_most_once is False and checkpoints is False:
-            self._keep: int | None = None
-            self._checkpoint_key: str | None = None
-        else:
-            self._unit(_check_flag("at_most_once", at_most_once, key), _check_flag("checkpoints", checkpoints, key))
-        self.last_checkpoint: bytes | str | None = None
+            replicas, replica_timeout_ms = check_replicas(replicas, replica_timeout_ms)
+        if at_most_once is not False or checkpoints is not False:
+            at_most_once = _check_flag("at_most_once", at_most_once, key)
+            checkpoints = _check_flag("checkpoints", checkpoints, key)
+        self._settle(
+            client, key, namespace, token, made,
+            lease, ttl, native, fencing, replicas, replica_timeout_ms, at_most_once, checkpoints,
+        )  # fmt: skip
 
-    def _unit(self, at_most_once: bool, checkpoints: bool) -> None:
-        """What the unit of work is owed beyond its claim (checked): at most once, checkpoints.
+    def _settle(
+        self,
+        client: Any,
+        key: str,
+        namespace: str,
+        token: str,
+        made_token: bool,
+        lease: int,
+        ttl: int,
+        native: NativeMode,
+        fencing: bool,
+        replicas: int,
+        replica_timeout_ms: int,
+        at_most_once: bool,
+        checkpoints: bool,
+    ) -> None:
+        """Every slot of a handle, from settings already checked: the one place a handle is made.
 
+        ``__init__`` checks what a caller gave; the decorator and a batch check their
+        settings once and come here through ``_checked`` for each call's handle.
         At most once keeps the record past the lease, for as long as a result would
         be kept (and never less than the lease), so an interrupted attempt stays known.
         """
-        self._keep = max(self.lease, self.ttl) if at_most_once else None
-        self._checkpoint_key = self.claim_key + CHECKPOINT_SUFFIX if checkpoints else None
+        self._client = client
+        self.key = key
+        self.claim_key, self.result_key = build_keys(namespace, key)
+        self.lease, self.ttl, self.token, self._native = lease, ttl, token, native
+        self._made_token = made_token
+        self._fence_key: str | None = self.claim_key + FENCE_SUFFIX if fencing else None
+        self._replicas, self._replica_timeout_ms = replicas, replica_timeout_ms
+        self._keep: int | None = max(lease, ttl) if at_most_once else None
+        self._checkpoint_key: str | None = self.claim_key + CHECKPOINT_SUFFIX if checkpoints else None
+        self._lapse_ms: int | None = None  # what the last in-flight reply said the lease has left
+        self._holder: object = None  # what the last claim reply said claim_key holds, when it said
+        self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
+        self._fence: int | None = None  # the fence of the claim this handle holds or last held
+        self._keeper: Any = None  # the keep-alive renewing this handle's claim, for ensure_held()
+        self.last_checkpoint: bytes | str | None = None
 
     @classmethod
     def _checked(
@@ -254,54 +274,45 @@ class ClaimBase(Generic[ClientT]):
         replica_timeout_ms: int,
         at_most_once: bool = False,
         checkpoints: bool = False,
+        *,
+        fencing: bool = False,
+        made_token: bool = True,
     ) -> HandleT:
         """A handle from settings the caller already checked (the decorator does, once).
 
         The same handle ``__init__`` makes (a test compares every slot), without
-        checking again what was checked at decoration, on every call.
+        checking again what was checked at decoration, on every call. The
+        decorator's and a batch's tokens are made for their handle (``made_token``).
         """
         self = cls.__new__(cls)
-        self._client = client
-        self.key = key
-        self.claim_key, self.result_key = build_keys(namespace, key)
-        self.lease, self.ttl, self.token, self._native = lease, ttl, token, native
-        self._made_token = True  # the decorator's and a batch's tokens are made for their handle
-        self._fence_key = None
-        self._replicas, self._replica_timeout_ms = replicas, replica_timeout_ms
-        self._lapse_ms = None
-        self._holder = None
-        self._mine_until = 0.0
-        self._fence = None
-        self.last_checkpoint = None
-        if at_most_once or checkpoints:
-            self._unit(at_most_once, checkpoints)
-        else:
-            self._keep = self._checkpoint_key = None
-        self._keeper = None
+        self._settle(
+            client, key, namespace, token, made_token, lease, ttl, native, fencing,
+            replicas, replica_timeout_ms, at_most_once, checkpoints,
+        )  # fmt: skip
         return self
 
     @classmethod
     def _many(cls: type[HandleT], client: Any, keys: Iterable[str], options: dict[str, Any]) -> list[HandleT]:
         """The handles of a batch: ``cls(client, key, **options)`` for each key, the options checked once.
 
-        The first handle is made by the constructor; the others copy its checked
-        settings and check only their own key (each draws its own token). With a
-        ``token`` or ``fencing`` in the options each goes through the constructor.
+        The first handle is made by the constructor; the others take its checked
+        settings and check only their own key. Each draws its own token unless the
+        options give one, which they share (as the constructor would give it each).
         """
         keys = list(keys)
         if not keys:
             return []
         first = cls(client, keys[0], **options)
-        if "token" in options or first._fence_key is not None or first._keep or first._checkpoint_key:
-            return [first, *(cls(client, key, **options) for key in keys[1:])]
         namespace = options.get("namespace", DEFAULT_NAMESPACE)  # the first handle checked it
         handles = [first]
         for key in keys[1:]:
             if type(key) is not str or not key or not key.isascii():
                 _check_text("key", key)
             handle = cls._checked(
-                first._client, key, namespace, new_token(), first.lease, first.ttl, first._native,
-                first._replicas, first._replica_timeout_ms,
+                first._client, key, namespace, new_token() if first._made_token else first.token,
+                first.lease, first.ttl, first._native, first._replicas, first._replica_timeout_ms,
+                first._keep is not None, first._checkpoint_key is not None,
+                fencing=first._fence_key is not None, made_token=first._made_token,
             )  # fmt: skip
             handles.append(handle)
         return handles

@@ -217,7 +217,8 @@ def test_checked_handles_equal_constructed_ones() -> None:
 @pytest.mark.parametrize(
     "options",
     [{}, {"lease": 7, "ttl": 70, "namespace": "ns"}, {"native": "never", "replicas": 1, "replica_timeout_ms": 250},
-     {"fencing": True}, {"token": "t-1"}],
+     {"fencing": True}, {"token": "t-1"}, {"at_most_once": True, "lease": 9}, {"checkpoints": True, "fencing": True},
+     {"token": "t-1", "at_most_once": True, "checkpoints": True}],
 )  # fmt: skip
 def test_a_batchs_handles_equal_constructed_ones(options: dict[str, Any]) -> None:
     """_many (acquire_many's handles, options checked once) sets every slot as __init__ does, each its own token."""
