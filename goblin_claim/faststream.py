@@ -64,7 +64,8 @@ def idempotent_handler(client: Any, *, key: Any, **options: Any) -> Callable[[Ca
 
     Returns:
         A decorator, applied under ``@broker.subscriber``/``@broker.publisher``; the handler
-        keeps its signature (FastStream injects by it) and gains ``forget(*args, **kwargs)``.
+        keeps its signature (FastStream injects by it) and gains ``forget(*args, **kwargs)``,
+        which the subscriber's own wrapper does not carry: keep a name for it to reach ``forget``.
     """
 
     def decorate(func: Callable[..., Any]) -> Any:

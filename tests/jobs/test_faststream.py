@@ -124,7 +124,8 @@ def test_killed_app_then_redelivery_completes(
     first.stop()
     app("w2")
     found = answer(data, f"kill-{where}")
-    figures(f"faststream: SIGKILL of the app {where} the side effect -> answered {time.monotonic() - killed_at:.1f}s later")
+    after = time.monotonic() - killed_at
+    figures(f"faststream: SIGKILL of the app {where} the side effect -> answered {after:.1f}s later")
     expected = 1 if where == "before" else 2  # after it: ran again (the README's downstream-key recipe)
     assert found == {"event_id": event, "amount": 700, "charge_number": expected}
     assert charges(data, event) == expected
@@ -176,7 +177,7 @@ def test_a_duplicate_is_answered_when_the_first_completes(
 def test_a_duplicate_still_in_flight_is_nacked_and_redelivered(
     broker: RedisProcess, data: redis.Redis, app: Callable[..., Worker]
 ) -> None:
-    """A duplicate of a job outliving the holder's lease left is nacked, reclaimed later, then given the first answer."""
+    """A duplicate of work outliving the holder's lease left is nacked, reclaimed later, then given the first answer."""
     running = app()
     data.set("pause:before:long", 6)
     publish(broker, "charges", [("long", 1, "long-1")])

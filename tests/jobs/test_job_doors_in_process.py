@@ -1,9 +1,9 @@
-"""The job doors in process, on fakeredis: Celery eagerly, Dramatiq on its StubBroker, arq's function as arq calls it,
-FastStream under its test broker.
+"""The job doors in process, on fakeredis: Celery eagerly, Dramatiq on a StubBroker, arq as arq calls it, FastStream.
 
 Their option checks, a task that fails for good under enqueue_once, the in-flight
 retry of an arq job without a job id, an arq job cancelled when its claim is lost, and an
-interrupted key acked (or raised to a direct caller) under at_most_once.
+interrupted key acked (or raised to a direct caller) under at_most_once; FastStream's handler under
+its test broker.
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ def test_faststream_handler_publishes_the_first_answer_to_a_duplicate() -> None:
 
 
 def test_faststream_in_flight_nacks_and_interrupted_acks(caplog: pytest.LogCaptureFixture) -> None:
-    """A key in flight past the wait raises NackMessage; an interrupted at-most-once key AckMessage (logged); none runs."""
+    """In flight past the wait: NackMessage; an interrupted at-most-once key: AckMessage, logged. Neither runs."""
     client, ns, runs = fake_redis(native=False), unique("fs"), []
 
     @idempotent_handler(client, key="event_id", namespace=ns, wait=0, at_most_once=True)
