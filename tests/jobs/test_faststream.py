@@ -104,6 +104,8 @@ def test_five_duplicates_charge_once_with_equal_answers(
     assert found == [{"event_id": "evt1", "amount": 500, "charge_number": 1}] * 5
     assert charges(data, "evt1") == 1
     settled(data, "charges")
+    # A copy reclaimed while queued behind the others (pending 1.5 s) is answered alike.
+    assert all(found == answer(data, "dup-0") for n in range(5) for found in answers(data, f"dup-{n}"))
     assert "ERROR" not in running.text()
 
 
@@ -172,6 +174,7 @@ def test_a_duplicate_is_answered_when_the_first_completes(
     figures(mid_run_line("faststream", gap, own, answered_in))
     assert answered_in < 10
     settled(data, "charges30")
+    assert all(found == expected for cid in ("first", "duplicate") for found in answers(data, cid))
 
 
 def test_a_duplicate_still_in_flight_is_nacked_and_redelivered(
@@ -187,6 +190,26 @@ def test_a_duplicate_still_in_flight_is_nacked_and_redelivered(
     assert answer(data, "long-2") == answer(data, "long-1") == expected
     assert charges(data, "long") == 1
     settled(data, "charges")
+    # Every copy answered (a reclaimed one too) carried the first answer.
+    assert {json.dumps(found) for cid in ("long-1", "long-2") for found in answers(data, cid)} == {json.dumps(expected)}
     log = running.text()
     assert "Message was nacked" in log  # the in-flight answer: left pending, not failed
     assert "ERROR" not in log
+
+
+def test_with_fail_open_each_delivery_runs_once_while_the_claims_redis_is_out_of_reach(
+    broker: RedisProcess, data: redis.Redis, out_of_reach: str, app: Callable[..., Worker]
+) -> None:
+    """The claims' Redis out of reach (the broker up): fail_open runs each delivery once; without it, nothing runs."""
+    running = app()
+    publish(broker, "charges_open", [("evt-open", 5, "open-1"), ("evt-open", 5, "open-2")])
+    found = sorted(answer(data, f"open-{n}")["charge_number"] for n in (1, 2))
+    assert found == [1, 2]  # at-least-once: once per delivery
+    assert charges(data, "evt-open") == 2
+    settled(data, "charges_open")
+    running.wait_for_log("fail_open runs the work without one")
+    publish(broker, "charges_closed", [("evt-closed", 5, "closed")])
+    running.wait_for_log("ConnectionFailedError")  # FastStream logs the handler's error; the entry stays pending
+    assert data.xpending("charges_closed", "billing")["pending"] == 1
+    assert charges(data, "evt-closed") == 0
+    assert answers(data, "closed") == []

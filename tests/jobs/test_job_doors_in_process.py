@@ -24,6 +24,7 @@ from goblin_claim import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     StillInFlightError,
+    current_claim,
 )
 from goblin_claim._events import key_digest
 from goblin_claim.testing import fake_async_redis, fake_redis
@@ -377,3 +378,31 @@ def test_faststream_in_flight_nacks_and_interrupted_acks(caplog: pytest.LogCaptu
     assert record.key_digest == key_digest("evt-12")  # type: ignore[attr-defined]
     assert charge("evt-13") == "evt-13"
     assert charge.forget("evt-13") is True
+
+
+def test_faststream_handler_resumes_after_the_checkpoint_of_a_crashed_attempt() -> None:
+    """checkpoints=True: the delivery taking over a crashed attempt reads its checkpoint (current_claim) and resumes."""
+    client, ns, stored = fake_async_redis(native=False), unique("fs"), []
+    broker, stream = RedisBroker(), unique("batches")
+
+    @broker.subscriber(stream=stream)
+    @idempotent_handler(client, key="batch_id", namespace=ns, checkpoints=True)
+    async def import_batch(batch_id: str, rows: list[str]) -> int:
+        claim = current_claim()
+        claim.ensure_held()
+        for index in range(int(claim.last_checkpoint or 0), len(rows)):
+            stored.append(rows[index])
+            await claim.checkpoint(str(index + 1))  # an AsyncClaim: its checkpoint is a round trip
+        return len(rows)
+
+    async def scenario() -> None:
+        crashed = AsyncClaim(client, "b-1", namespace=ns, lease=1, checkpoints=True)
+        assert isinstance(await crashed.acquire(), Claimed)
+        await crashed.checkpoint("2")  # two rows stored, then the process was killed
+        await asyncio.sleep(1.1)
+        async with TestRedisBroker(broker) as test_broker:
+            await test_broker.publish({"batch_id": "b-1", "rows": ["a", "b", "c"]}, stream=stream)
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert stored == ["c"]

@@ -20,7 +20,7 @@ from faststream import BaseMiddleware, FastStream
 from faststream.redis import RedisBroker, StreamSub
 
 from goblin_claim.faststream import idempotent_handler
-from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, mark, url
+from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, mark, unreachable_async, url
 
 RECLAIM_MS = 1500  # a pending entry idle this long is delivered again
 CONSUMER = os.environ.get("GC_FASTSTREAM_CONSUMER", f"consumer-{os.getpid()}")
@@ -76,4 +76,20 @@ async def charge30(event_id: str, amount: int) -> Receipt:
 )
 async def charge_once(event_id: str, amount: int) -> Receipt:
     """Charge at most once per event id: a redelivery after a killed attempt is acked, never run."""
+    return await asyncio.to_thread(charge_card, event_id, amount)
+
+
+@consumed("charges_open")
+@idempotent_handler(
+    unreachable_async, key="event_id", lease=LEASE, ttl=600, namespace="jobs.faststream.charge_open", fail_open=True
+)
+async def charge_open(event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: runs anyway (fail_open), once per delivery."""
+    return await asyncio.to_thread(charge_card, event_id, amount)
+
+
+@consumed("charges_closed")
+@idempotent_handler(unreachable_async, key="event_id", lease=LEASE, ttl=600, namespace="jobs.faststream.charge_closed")
+async def charge_closed(event_id: str, amount: int) -> Receipt:
+    """Charge per event id, claimed on a Redis out of reach: refused (the default), never runs."""
     return await asyncio.to_thread(charge_card, event_id, amount)
