@@ -406,3 +406,22 @@ def test_faststream_handler_resumes_after_the_checkpoint_of_a_crashed_attempt() 
 
     asyncio.run(scenario())
     assert stored == ["c"]
+
+
+def test_faststream_def_handler_replies_to_a_duplicate_request_with_the_first_reply() -> None:
+    """A def handler (FastStream's thread pool) on a sync client: two requests, one run, the first reply twice."""
+    client, runs = fake_redis(native=False), []
+    broker, queue = RedisBroker(), unique("jobs")
+
+    @broker.subscriber(list=queue)
+    @idempotent_handler(client, key="event_id", namespace=unique("fs"))
+    def charge(event_id: str) -> str:  # one parameter: FastStream hands it the whole body
+        runs.append(event_id)
+        return f"charged {event_id} (run {len(runs)})"
+
+    async def scenario() -> list[Any]:
+        async with TestRedisBroker(broker, connect_only=False) as test_broker:
+            return [await (await test_broker.request("evt-14", list=queue)).decode() for _ in range(2)]
+
+    assert asyncio.run(scenario()) == ["charged evt-14 (run 1)"] * 2
+    assert runs == ["evt-14"]
