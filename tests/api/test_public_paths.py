@@ -47,6 +47,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "goblin_claim.rq": ("idempotent_job",),
     "goblin_claim.dramatiq": ("Idempotency",),
     "goblin_claim.arq": ("idempotent_job",),
+    "goblin_claim.faststream": ("idempotent_handler",),
     "goblin_claim.otel": ("instrument", "uninstrument"),
     "goblin_claim.testing": ("fake_async_redis", "fake_async_valkey", "fake_redis", "fake_valkey"),
 }  # fmt: skip
@@ -59,6 +60,7 @@ LOGGERS = {
     "goblin_claim.claim",
     "goblin_claim.dramatiq",
     "goblin_claim.events",
+    "goblin_claim.faststream",
     "goblin_claim.idempotent",
     "goblin_claim.keepalive",
     "goblin_claim.rq",

@@ -42,6 +42,7 @@ USES: dict[str, str] = {
     "rq": "import goblin_claim.rq",
     "dramatiq": "import goblin_claim.dramatiq",
     "arq": "import goblin_claim.arq",
+    "faststream": "import goblin_claim.faststream",
     "otel": "import goblin_claim.otel\ngoblin_claim.otel.instrument()",
     "testing": """
         from goblin_claim import Claim, Claimed

@@ -1,8 +1,9 @@
-"""The job doors in process, on fakeredis: Celery eagerly, Dramatiq on its StubBroker, arq's function as arq calls it.
+"""The job doors in process, on fakeredis: Celery eagerly, Dramatiq on a StubBroker, arq as arq calls it, FastStream.
 
 Their option checks, a task that fails for good under enqueue_once, the in-flight
 retry of an arq job without a job id, an arq job cancelled when its claim is lost, and an
-interrupted key acked (or raised to a direct caller) under at_most_once.
+interrupted key acked (or raised to a direct caller) under at_most_once; FastStream's handler under
+its test broker.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from goblin_claim import (
     InterruptedWorkError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    StillInFlightError,
+    current_claim,
 )
 from goblin_claim._events import key_digest
 from goblin_claim.testing import fake_async_redis, fake_redis
@@ -30,12 +33,17 @@ from tests.conftest import unique
 celery = pytest.importorskip("celery")
 dramatiq = pytest.importorskip("dramatiq")
 arq = pytest.importorskip("arq")
+pytest.importorskip("faststream")
 
 from dramatiq.brokers.stub import StubBroker  # noqa: E402
+from faststream import Logger  # noqa: E402
+from faststream.exceptions import AckMessage, NackMessage  # noqa: E402
+from faststream.redis import RedisBroker, TestRedisBroker  # noqa: E402
 
 import goblin_claim.dramatiq  # noqa: E402
 from goblin_claim.arq import idempotent_job  # noqa: E402
 from goblin_claim.celery import IdempotentTask  # noqa: E402
+from goblin_claim.faststream import idempotent_handler  # noqa: E402
 
 
 def eager_app() -> Any:
@@ -316,3 +324,104 @@ def test_an_eager_celery_task_on_an_interrupted_key_raises_to_its_caller() -> No
     with pytest.raises(InterruptedWorkError):
         once.apply(("evt-9",), throw=True)
     assert runs == []
+
+
+# --------------------------------------------------------------------------- FastStream
+
+
+def test_faststream_handler_publishes_the_first_answer_to_a_duplicate() -> None:
+    """Under FastStream's test broker, a duplicate runs nothing and its handler publishes the first answer again."""
+    client = fake_async_redis(native=False)
+    broker = RedisBroker()
+    publisher, stream = broker.publisher(stream=unique("receipts")), unique("charges")
+    runs: list[str] = []
+
+    @broker.subscriber(stream=stream)
+    @publisher
+    # The logger is injected by FastStream: the fingerprint names the body's parameters alone.
+    @idempotent_handler(client, key="event_id", namespace=unique("fs"), fingerprint=("event_id", "amount"))
+    async def charge(event_id: str, amount: int, logger: Logger) -> dict[str, Any]:
+        runs.append(event_id)
+        return {"event_id": event_id, "charge_number": len(runs)}
+
+    async def scenario() -> list[Any]:
+        async with TestRedisBroker(broker) as test_broker:
+            for _ in range(2):
+                await test_broker.publish({"event_id": "evt-10", "amount": 5}, stream=stream)
+            published = [call.args[0] for call in publisher.mock.call_args_list]  # read under the test broker
+        await client.aclose()
+        return published
+
+    assert asyncio.run(scenario()) == [{"event_id": "evt-10", "charge_number": 1}] * 2
+    assert runs == ["evt-10"]
+
+
+def test_faststream_in_flight_nacks_and_interrupted_acks(caplog: pytest.LogCaptureFixture) -> None:
+    """In flight past the wait: NackMessage; an interrupted at-most-once key: AckMessage, logged. Neither runs."""
+    client, ns, runs = fake_redis(native=False), unique("fs"), []
+
+    @idempotent_handler(client, key="event_id", namespace=ns, wait=0, at_most_once=True)
+    def charge(event_id: str) -> str:  # a def handler (FastStream runs it in a thread), on a sync client
+        runs.append(event_id)
+        return event_id
+
+    assert isinstance(Claim(client, "evt-11", namespace=ns, lease=30, at_most_once=True).acquire(), Claimed)
+    with pytest.raises(NackMessage) as nacked:
+        charge("evt-11")
+    assert isinstance(nacked.value.__cause__, StillInFlightError)
+    _interrupted(client, ns, "evt-12")
+    with caplog.at_level(logging.WARNING, logger="goblin_claim.faststream"), pytest.raises(AckMessage) as acked:
+        charge("evt-12")
+    assert isinstance(acked.value.__cause__, InterruptedWorkError)
+    assert runs == []
+    [record] = [r for r in caplog.records if r.name == "goblin_claim.faststream"]
+    assert record.key_digest == key_digest("evt-12")  # type: ignore[attr-defined]
+    assert charge("evt-13") == "evt-13"
+    assert charge.forget("evt-13") is True
+
+
+def test_faststream_handler_resumes_after_the_checkpoint_of_a_crashed_attempt() -> None:
+    """checkpoints=True: the delivery taking over a crashed attempt reads its checkpoint (current_claim) and resumes."""
+    client, ns, stored = fake_async_redis(native=False), unique("fs"), []
+    broker, stream = RedisBroker(), unique("batches")
+
+    @broker.subscriber(stream=stream)
+    @idempotent_handler(client, key="batch_id", namespace=ns, checkpoints=True)
+    async def import_batch(batch_id: str, rows: list[str]) -> int:
+        claim = current_claim()
+        claim.ensure_held()
+        for index in range(int(claim.last_checkpoint or 0), len(rows)):
+            stored.append(rows[index])
+            await claim.checkpoint(str(index + 1))  # an AsyncClaim: its checkpoint is a round trip
+        return len(rows)
+
+    async def scenario() -> None:
+        crashed = AsyncClaim(client, "b-1", namespace=ns, lease=1, checkpoints=True)
+        assert isinstance(await crashed.acquire(), Claimed)
+        await crashed.checkpoint("2")  # two rows stored, then the process was killed
+        await asyncio.sleep(1.1)
+        async with TestRedisBroker(broker) as test_broker:
+            await test_broker.publish({"batch_id": "b-1", "rows": ["a", "b", "c"]}, stream=stream)
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert stored == ["c"]
+
+
+def test_faststream_def_handler_replies_to_a_duplicate_request_with_the_first_reply() -> None:
+    """A def handler (FastStream's thread pool) on a sync client: two requests, one run, the first reply twice."""
+    client, runs = fake_redis(native=False), []
+    broker, queue = RedisBroker(), unique("jobs")
+
+    @broker.subscriber(list=queue)
+    @idempotent_handler(client, key="event_id", namespace=unique("fs"))
+    def charge(event_id: str) -> str:  # one parameter: FastStream hands it the whole body
+        runs.append(event_id)
+        return f"charged {event_id} (run {len(runs)})"
+
+    async def scenario() -> list[Any]:
+        async with TestRedisBroker(broker, connect_only=False) as test_broker:
+            return [await (await test_broker.request("evt-14", list=queue)).decode() for _ in range(2)]
+
+    assert asyncio.run(scenario()) == ["charged evt-14 (run 1)"] * 2
+    assert runs == ["evt-14"]
