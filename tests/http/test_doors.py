@@ -83,9 +83,9 @@ def env_for(redis_server: servers.RedisProcess, namespace: str, **extra: str) ->
 
 
 @contextlib.contextmanager
-def serve(door: str, env: dict[str, str], **gunicorn: Any) -> Iterator[str]:
-    """Serve ``door`` under its server; yield the base URL."""
-    server, target = DOORS[door]
+def serve(door: str, env: dict[str, str], doors: dict[str, tuple[str, str]] = DOORS, **gunicorn: Any) -> Iterator[str]:
+    """Serve ``door`` (one of ``doors``) under its server; yield the base URL."""
+    server, target = doors[door]
     if server == "gunicorn":
         options = {"worker": "gthread", "workers": 2, "threads": 32, **gunicorn}
         with serve_gunicorn(target, env=env, **options) as url:
