@@ -33,8 +33,9 @@ LOGGERS = {
     "django-wsgi": "goblin_claim.django",
     "django-asgi": "goblin_claim.django",
     "asgi": "goblin_claim.asgi",
+    "aiohttp": "goblin_claim.aiohttp",
 }
-SCOPED = ("flask", "django-wsgi", "django-asgi")  # the apps whose door has a scope function (X-User)
+SCOPED = ("flask", "django-wsgi", "django-asgi", "aiohttp")  # the apps whose door has a scope function (X-User)
 TOO_LARGE = 1024 * 1024 + 1  # one byte over the default max_response_bytes
 
 
