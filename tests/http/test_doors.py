@@ -189,8 +189,8 @@ def test_a_router_404_is_answered_and_nothing_is_kept(service: Service) -> None:
 
 def test_no_owner_fails_closed_without_running_the_view(service: Service) -> None:
     """With a scope function, a request whose caller is unknown (no X-User) is 403 and the view never runs."""
-    if door_of(service) not in FRAMEWORK_DOORS:
-        pytest.skip("this door's service has no per-view options nor scope (the exchange table runs its scope)")
+    if door_of(service) not in (*FRAMEWORK_DOORS, "aiohttp"):
+        pytest.skip("the bare WSGI service has no scope function")
     before = service.runs("sync")
     response = service.post("/orders/sync", uuid.uuid4().hex, user=None)
     assert response.status_code == 403
@@ -201,7 +201,7 @@ def test_no_owner_fails_closed_without_running_the_view(service: Service) -> Non
 def test_a_view_with_its_own_options_uses_them(service: Service) -> None:
     """A per-view decorator's options rule that view: a key is required there (400), and it runs once per key."""
     if door_of(service) not in FRAMEWORK_DOORS:
-        pytest.skip("this door's service has no per-view options nor scope (the exchange table runs its scope)")
+        pytest.skip("this door's service has no per-view options")
     assert service.post("/orders/own", None).status_code == 400
     key, before = uuid.uuid4().hex, service.runs("own")
     first, second = service.post("/orders/own", key), service.post("/orders/own", key, user="bob")
