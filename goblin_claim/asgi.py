@@ -62,7 +62,7 @@ from typing import Any, Final, Literal
 from . import _events, _http
 from ._clients.transport import to_the_end_async
 from ._drivers.aio import AsyncClaim
-from ._drivers.http_aio import AsyncDoor, _digest, abandon, give_back, mark, open_claim, store
+from ._drivers.http_aio import AsyncDoor, _digest, abandon, give_back, mark, open_claim, passing_unstored, store
 from ._drivers.keepalive import AsyncKeepAlive, stop_on_loss
 from ._http import (
     DEFAULT_NEVER_REPLAYED,
@@ -279,52 +279,42 @@ class IdempotencyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection: intercepted HTTP requests here, everything else passed to the app."""
-        if scope["type"] != "http" or scope["method"] not in self.methods:
+        if scope["type"] != "http" or not _http.covers(self.options, scope["method"]):
             await self.app(scope, receive, send)
             return
         marked, endpoint = _route_rule(scope, self.app)
-        rule = _http.key_rule(self.options, scope, scope["path"], marked, "asgi")
-        if isinstance(rule, Answer):
-            await _send_answer(send, rule, self.options.problem_docs)
-            return
-        if endpoint is not _ROUTED and _http.any_marked():
-            send = _checking_route(scope, endpoint, rule, send)  # says so when routing found another mark
         values = [value for name, value in scope["headers"] if name.lower() == self._header_name]
-        key = _http.key_of(self.options, rule, values)
-        if key is None:
-            await self.app(scope, receive, send)
-            return
+        rule, key = _http.admit(self.options, scope, scope["path"], marked, values, "asgi")
         if isinstance(key, Answer):
             await _send_answer(send, key, self.options.problem_docs)
             return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_body_bytes:
-            await _send_answer(
-                send, _http.problem(413, _http.too_large_detail(self.options, declared)), self.options.problem_docs
-            )
+        if rule is not None and endpoint is not _ROUTED and _http.any_marked():
+            send = _checking_route(scope, endpoint, rule, send)  # says so when routing found another mark
+        if key is None:
+            await self.app(scope, receive, send)
+            return
+        refused = _http.body_refused(self.options, _content_length(scope))
+        if refused is not None:
+            await _send_answer(send, refused, self.options.problem_docs)
             return
         body = await self._read_body(receive, send)
         if body is None:
             return  # answered 413, or the client left before sending its body: nothing ran
-        owner = _http.owner_of(self.options, scope, "asgi", _http_exception)
-        if isinstance(owner, Answer):
-            await _send_answer(send, owner, self.options.problem_docs)
+        kind = _header(scope, b"content-type")
+        who = _http.identify(self.options, scope, kind, scope.get("query_string", b""), body, "asgi", _http_exception)
+        if isinstance(who, Answer):
+            await _send_answer(send, who, self.options.problem_docs)
             return
-        kind = next((value for name, value in scope["headers"] if name.lower() == b"content-type"), None)
-        fp = _http.request_fingerprint(self.options, scope, kind, scope.get("query_string", b""), body)
-        claim = self._door.claim(scope["method"], scope["path"], owner, key, fp)
+        claim = self._door.claim(scope["method"], scope["path"], who.owner, key, who.fp)
         # One "request" event, taking the outcome of the claim's round trips inside it.
         with _events.observing("request", claim) as op:
-            await self._handle(scope, _replaying(body, receive), send, claim, fp, op)
+            await self._handle(scope, _replaying(body, receive), send, claim, who.fp, op)
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, claim: AsyncClaim, fp: str, op: _events.Op | _events._NoOp
     ) -> None:
-        accept = next((value for name, value in scope["headers"] if name.lower() == b"accept-encoding"), None)
-        opened = await open_claim(self.options, claim, fp, accept)
+        opened = await open_claim(self.options, claim, fp, _header(scope, b"accept-encoding"))
         if isinstance(opened, Answer):
-            if opened.code == "key-reused":
-                op.note("payload_mismatch")
             await _send_answer(send, opened, self.options.problem_docs)
             return
         if opened is not None:  # fail_open, Redis unreachable: the app runs unclaimed, its response passes through
@@ -357,10 +347,9 @@ class IdempotencyMiddleware:
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
-                await _send_answer(
-                    send, _http.problem(413, _http.too_large_detail(self.options, None)), self.options.problem_docs
-                )
+            refused = _http.body_refused(self.options, None, -1 if size > self.max_body_bytes else 0)
+            if refused is not None:  # cut at the limit: its whole size is unknown
+                await _send_answer(send, refused, self.options.problem_docs)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -435,16 +424,15 @@ class _Exchange:
         kind = message["type"]
         if kind == "http.response.start":
             self._start = message
-            status = message["status"]
-            if self._owner.options.given_back(status):
+            action = _http.verdict(
+                self._owner.options, message["status"], message.get("headers", ()),
+                trailers=bool(message.get("trailers", False)),
+            )  # fmt: skip
+            if action is _http.GIVE_BACK:
                 self._mode = "pass"  # not kept: the key is given back when the app is done
                 await self._forward(message)
-                return
-            reason = _http.streamed_reason(
-                self._owner.options, message.get("headers", ()), bool(message.get("trailers", False))
-            )
-            if reason is not None:
-                await self._pass_unstored(reason)
+            elif action.action == "pass":
+                await self._pass_unstored(action.reason)
             return
         if kind == "http.response.body" and self._start is not None:
             chunk = message.get("body", b"")
@@ -452,10 +440,9 @@ class _Exchange:
                 self._chunks.append(chunk)
                 self._size += len(chunk)
             more = bool(message.get("more_body", False))
-            if self._size > self._owner.max_response_bytes:
-                await self._pass_unstored(
-                    f"its body is larger than max_response_bytes={self._owner.max_response_bytes}", more=more
-                )
+            reason = _http.oversize(self._owner.options, self._size)
+            if reason is not None:
+                await self._pass_unstored(reason, more=more)
             elif not more:
                 await self._store_and_send()
             return
@@ -471,10 +458,7 @@ class _Exchange:
         assert self._start is not None
         self._mode = "pass"
         self._unstored = reason
-        logger.warning(
-            "key %s: the %s response is passed through and not kept for replay: %s; duplicates are answered 422",
-            _digest(self._claim), self._start["status"], reason,
-        )  # fmt: skip
+        passing_unstored("asgi", self._claim, self._start["status"], reason)
         start = dict(self._start)
         start["headers"] = [*start.get("headers", ()), UNSTORED_HEADER]
         await self._forward(start)
@@ -509,11 +493,7 @@ class _Exchange:
         self._keeper._end()
         stored = await to_the_end_async(store(self._claim, payload, start["status"], self._fp))
         if stored == "lost":
-            await _send_answer(
-                self._forward,
-                _http.problem(503, _http.LOST, retry=True, code="claim-lost"),
-                self._owner.options.problem_docs,
-            )
+            await _send_answer(self._forward, _http.claim_lost(), self._owner.options.problem_docs)
             self.ended = True
             return
         if stored == "failed":
@@ -554,11 +534,7 @@ class _Exchange:
         mode, self._mode = self._mode, "settled"
         logger.warning("key %s: the claim was lost while the app ran; the app was cancelled", _digest(self._claim))
         if mode == "buffer":
-            await _send_answer(
-                self._forward,
-                _http.problem(503, _http.LOST, retry=True, code="claim-lost"),
-                self._owner.options.problem_docs,
-            )
+            await _send_answer(self._forward, _http.claim_lost(), self._owner.options.problem_docs)
             self.ended = True
 
     def _abandoned(self, error: BaseException | None) -> str:
@@ -697,11 +673,13 @@ def _replaying(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
+    """The first value of a request header (``wanted`` in lower case)."""
+    return next((value for name, value in scope["headers"] if name.lower() == wanted), None)
+
+
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name.lower() == b"content-length":
-            return _http.declared_length(value)
-    return None
+    return _http.declared_length(_header(scope, b"content-length"))
 
 
 async def _send_answer(send: Send, answer: Answer, docs: str | None) -> None:

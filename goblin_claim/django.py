@@ -146,28 +146,26 @@ class _Door:
 
     # -- the request's side, once for both worlds
 
-    def _request(self, request: HttpRequest, marked: _http.KeyRule | None) -> tuple[str, str] | Answer | None:
-        """``(key, fp)`` of an intercepted request, an answer refusing it, or ``None`` to pass it through."""
+    def _request(self, request: HttpRequest, marked: _http.KeyRule | None) -> tuple[str, bytes] | Answer | None:
+        """``(key, body)`` of an intercepted request, an answer refusing it, or ``None`` to pass it through."""
         options = self.options
-        if request.method not in options.methods:
+        if not _http.covers(options, request.method or ""):
             return None
-        rule = _http.key_rule(options, request, request.path, marked, "django")
-        if isinstance(rule, Answer):
-            return rule
         raw = request.META.get("HTTP_" + options.header.upper().replace("-", "_"))
-        key = _http.key_of(options, rule, [] if raw is None else [raw.encode("latin-1")])
+        _, key = _http.admit(
+            options, request, request.path, marked, [] if raw is None else [raw.encode("latin-1")], "django"
+        )
         if key is None or isinstance(key, Answer):
             return key
-        declared = _http.declared_length(request.META.get("CONTENT_LENGTH") or None)
-        if declared is not None and declared > options.max_body_bytes:
-            return _http.problem(413, _http.too_large_detail(options, declared))
-        body = request.body
-        if len(body) > options.max_body_bytes:
-            return _http.problem(413, _http.too_large_detail(options, len(body)))
-        kind = request.META.get("CONTENT_TYPE")
-        query = request.META.get("QUERY_STRING", "").encode("latin-1")
-        fp = _http.request_fingerprint(options, request, None if kind is None else kind.encode("latin-1"), query, body)
-        return key, fp
+        refused = _http.body_refused(options, _http.declared_length(request.META.get("CONTENT_LENGTH") or None))
+        body = b"" if refused else request.body
+        return refused or _http.body_refused(options, None, len(body)) or (key, body)
+
+    def _identify(self, request: HttpRequest, body: bytes) -> _http.Identity | Answer:
+        """Who the key belongs to and the request's fingerprint (a scope function may read the database)."""
+        kind, query = request.META.get("CONTENT_TYPE"), request.META.get("QUERY_STRING", "").encode("latin-1")
+        content_type = None if kind is None else kind.encode("latin-1")
+        return _http.identify(self.options, request, content_type, query, body, "django", _answered_by_django)
 
     # -- WSGI (sync)
 
@@ -183,27 +181,19 @@ class _Door:
             return call(request)
         if isinstance(parsed, Answer):
             return _response(parsed, self.options.problem_docs)
-        key, fp = parsed
-        owner = _http.owner_of(self.options, request, "django", _answered_by_django)
-        if isinstance(owner, Answer):
-            return _response(owner, self.options.problem_docs)
-        claim = self._sync.claim(request.method or "", request.path, owner, key, fp)
+        who = self._identify(request, parsed[1])
+        if isinstance(who, Answer):
+            return _response(who, self.options.problem_docs)
+        claim = self._sync.claim(request.method or "", request.path, who.owner, parsed[0], who.fp)
         # One "request" event, taking the outcome of the claim's round trips inside it.
-        with _events.observing("request", claim) as op:
-            return self._claimed_sync(request, call, claim, fp, op)
+        with _events.observing("request", claim):
+            return self._claimed_sync(request, call, claim, who.fp)
 
     def _claimed_sync(
-        self,
-        request: HttpRequest,
-        call: Callable[[HttpRequest], HttpResponseBase],
-        claim: Claim,
-        fp: str,
-        op: _events.Op | _events._NoOp,
+        self, request: HttpRequest, call: Callable[[HttpRequest], HttpResponseBase], claim: Claim, fp: str
     ) -> HttpResponseBase:
         opened = http_sync.open_claim(self.options, claim, fp, _accept(request))
         if isinstance(opened, Answer):
-            if opened.code == "key-reused":
-                op.note("payload_mismatch")
             return _response(opened, self.options.problem_docs)
         if opened is not None:  # fail_open, Redis unreachable: the view runs unclaimed, its response passes through
             return call(request)
@@ -218,21 +208,19 @@ class _Door:
             else:  # SystemExit (gunicorn's timeout): the view began, what it did is unknown
                 http_sync.abandon(claim, fp, f"the worker was stopped mid-request ({type(error).__name__})")
             raise
-        status = response.status_code
-        if self.options.given_back(status):
-            keep.__exit__(None, None, None)
+        action = self._verdict(response)
+        if action.action == "pass":
+            return self._pass_sync(response, claim, fp, action.reason, keep)
+        keep.__exit__(None, None, None)
+        if action is _http.GIVE_BACK:
             http_sync.give_back(claim)
             return response
-        reason = self._unkept(response)
-        if reason is not None:
-            return self._pass_sync(response, claim, fp, reason, keep)
-        keep.__exit__(None, None, None)
         assert isinstance(response, HttpResponse)
-        payload = _http.stored_payload(fp, status, _byte_headers(response), self.options.keeps_header, response.content)
-        stored = http_sync.store(claim, payload, status, fp)
+        stored = http_sync.store(claim, self._payload(fp, response), response.status_code, fp)
         return self._sent(response, stored)
 
     def _pass_sync(self, response: HttpResponseBase, claim: Claim, fp: str, reason: str, keep: Any) -> HttpResponseBase:
+        http_sync.passing_unstored("django", claim, response.status_code, reason)
         response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
         marker = _http.unstored_payload(fp, response.status_code, reason)
         if not isinstance(response, StreamingHttpResponse):
@@ -259,19 +247,17 @@ class _Door:
             return await call(request)
         if isinstance(parsed, Answer):
             return _response(parsed, self.options.problem_docs)
-        key, fp = parsed
         # The scope function may touch request.user, a lazy database read Django refuses in an event loop.
-        owner = (
-            await sync_to_async(_http.owner_of)(self.options, request, "django", _answered_by_django)
-            if self.options.scope
-            else None
-        )
-        if isinstance(owner, Answer):
-            return _response(owner, self.options.problem_docs)
-        claim = self._async.claim(request.method or "", request.path, owner, key, fp)
+        if self.options.scope:
+            who = await sync_to_async(self._identify)(request, parsed[1])
+        else:
+            who = self._identify(request, parsed[1])
+        if isinstance(who, Answer):
+            return _response(who, self.options.problem_docs)
+        claim = self._async.claim(request.method or "", request.path, who.owner, parsed[0], who.fp)
         # One "request" event, taking the outcome of the claim's round trips inside it.
-        with _events.observing("request", claim) as op:
-            return await self._claimed_async(request, call, claim, fp, op)
+        with _events.observing("request", claim):
+            return await self._claimed_async(request, call, claim, who.fp)
 
     async def _claimed_async(
         self,
@@ -279,12 +265,9 @@ class _Door:
         call: Callable[[HttpRequest], Awaitable[HttpResponseBase]],
         claim: AsyncClaim,
         fp: str,
-        op: _events.Op | _events._NoOp,
     ) -> HttpResponseBase:
         opened = await http_aio.open_claim(self.options, claim, fp, _accept(request))
         if isinstance(opened, Answer):
-            if opened.code == "key-reused":
-                op.note("payload_mismatch")
             return _response(opened, self.options.problem_docs)
         if opened is not None:  # fail_open, Redis unreachable: the view runs unclaimed, its response passes through
             return await call(request)
@@ -301,27 +284,29 @@ class _Door:
                 cancelled = "the request was cancelled after it began (the client disconnected or the server stopped)"
                 await to_the_end_async(http_aio.abandon(claim, fp, cancelled))
             raise
-        status = response.status_code
-        reason = None if self.options.given_back(status) else self._unkept(response)
-        if reason is not None and isinstance(response, StreamingHttpResponse):
-            return self._pass_async(response, claim, fp, reason, keep)
+        action = self._verdict(response)
+        if action.action == "pass" and isinstance(response, StreamingHttpResponse):
+            return self._pass_async(response, claim, fp, action.reason, keep)
         await to_the_end_async(keep.__aexit__(None, None, None))
-        if self.options.given_back(status):
+        if action is _http.GIVE_BACK:
             await to_the_end_async(http_aio.give_back(claim))
             return response
-        if reason is not None:
+        if action.action == "pass":
+            http_aio.passing_unstored("django", claim, response.status_code, action.reason)
             response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
-            await to_the_end_async(http_aio.mark(claim, _http.unstored_payload(fp, status, reason)))
+            await to_the_end_async(
+                http_aio.mark(claim, _http.unstored_payload(fp, response.status_code, action.reason))
+            )
             return response
         assert isinstance(response, HttpResponse)
-        payload = _http.stored_payload(fp, status, _byte_headers(response), self.options.keeps_header, response.content)
-        stored = await to_the_end_async(http_aio.store(claim, payload, status, fp))
+        stored = await to_the_end_async(http_aio.store(claim, self._payload(fp, response), response.status_code, fp))
         return self._sent(response, stored)
 
     def _pass_async(
         self, response: StreamingHttpResponse, claim: AsyncClaim, fp: str, reason: str, keep: Any
     ) -> StreamingHttpResponse:
         """Pass a stream on as it is made (a sync one too, a chunk at a time), renewing the lease until it ends."""
+        http_aio.passing_unstored("django", claim, response.status_code, reason)
         response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
         marker = _http.unstored_payload(fp, response.status_code, reason)
         inner = response.streaming_content
@@ -338,20 +323,26 @@ class _Door:
 
     # -- both
 
-    def _unkept(self, response: HttpResponseBase) -> str | None:
-        """Why a response is passed through rather than stored; ``None`` when it is stored."""
+    def _verdict(self, response: HttpResponseBase) -> _http.Verdict:
+        """What becomes of the view's response (Django's streamed and file responses cannot be held whole)."""
+        unbuffered = None
         if isinstance(response, StreamingHttpResponse):
-            return "it is a streamed response"
-        if not isinstance(response, HttpResponse):
-            return f"it is a {type(response).__name__}"
-        reason = _http.streamed_reason(self.options, _byte_headers(response))
-        if reason is None and len(response.content) > self.options.max_response_bytes:
-            reason = f"its body is larger than max_response_bytes={self.options.max_response_bytes}"
-        return reason
+            unbuffered = "it is a streamed response"
+        elif not isinstance(response, HttpResponse):
+            unbuffered = f"it is a {type(response).__name__}"
+        size = len(response.content) if isinstance(response, HttpResponse) else None
+        return _http.verdict(
+            self.options, response.status_code, _byte_headers(response), unbuffered=unbuffered, size=size
+        )
+
+    def _payload(self, fp: str, response: HttpResponse) -> bytes:
+        return _http.stored_payload(
+            fp, response.status_code, _byte_headers(response), self.options.keeps_header, response.content
+        )
 
     def _sent(self, response: HttpResponseBase, stored: str) -> HttpResponseBase:
         if stored == "lost":
-            return _response(_http.problem(503, _http.LOST, retry=True, code="claim-lost"), self.options.problem_docs)
+            return _response(_http.claim_lost(), self.options.problem_docs)
         if stored == "failed":
             response[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
         return response

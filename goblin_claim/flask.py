@@ -106,51 +106,39 @@ class Idempotency:
         from flask import current_app
 
         options, marked = self._route_options(current_app)
-        if request.method not in options.methods:
+        if not _http.covers(options, request.method):
             return None
-        rule = _http.key_rule(options, request, request.root_path + request.path, marked, "flask")
-        if isinstance(rule, Answer):
-            return _response(rule, options.problem_docs)
-        raw = request.headers.getlist(options.header)
-        key = _http.key_of(options, rule, [value.encode("latin-1") for value in raw])
+        path = request.root_path + request.path
+        values = [value.encode("latin-1") for value in request.headers.getlist(options.header)]
+        _, key = _http.admit(options, request, path, marked, values, "flask")
         if key is None:
             return None
         if isinstance(key, Answer):
             return _response(key, options.problem_docs)
-        declared = request.content_length
-        if declared is not None and declared > options.max_body_bytes:
-            return _response(_http.problem(413, _http.too_large_detail(options, declared)), options.problem_docs)
-        body = request.get_data(cache=True)
-        if len(body) > options.max_body_bytes:
-            return _response(_http.problem(413, _http.too_large_detail(options, len(body))), options.problem_docs)
-        owner = _http.owner_of(options, request, "flask", _aborted)
-        if isinstance(owner, Answer):
-            return _response(owner, options.problem_docs)
+        refused = _http.body_refused(options, request.content_length)
+        body = b"" if refused else request.get_data(cache=True)
+        refused = refused or _http.body_refused(options, None, len(body))
+        if refused:
+            return _response(refused, options.problem_docs)
         kind = request.headers.get("Content-Type")
-        fp = _http.request_fingerprint(
-            options, request, None if kind is None else kind.encode("latin-1"), request.query_string, body
-        )
-        claim = self._door.claim(request.method, request.root_path + request.path, owner, key, fp, options)
-        accept = request.headers.get("Accept-Encoding")
+        who = _http.identify(options, request, _latin1(kind), request.query_string, body, "flask", _aborted)
+        if isinstance(who, Answer):
+            return _response(who, options.problem_docs)
+        claim = self._door.claim(request.method, path, who.owner, key, who.fp, options)
         # One "request" event, from the claim to the settled response (after_request or teardown).
         op = _events.observing("request", claim)
         op.__enter__()
         try:
-            opened = http_sync.open_claim(options, claim, fp, None if accept is None else accept.encode("latin-1"))
+            opened = http_sync.open_claim(options, claim, who.fp, _latin1(request.headers.get("Accept-Encoding")))
         except BaseException as exc:
             op.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        if isinstance(opened, Answer):
-            if opened.code == "key-reused":
-                op.note("payload_mismatch")
+        if opened is not None:  # an answer; or fail_open, Redis unreachable: the view runs unclaimed
             op.__exit__(None, None, None)
-            return _response(opened, options.problem_docs)
-        if opened is not None:  # fail_open, Redis unreachable: the view runs unclaimed, its response passes through
-            op.__exit__(None, None, None)
-            return None
+            return _response(opened, options.problem_docs) if isinstance(opened, Answer) else None
         keep = claim.keep_alive()
         keep.__enter__()
-        setattr(g, _STATE, (claim, fp, keep, options, op))
+        setattr(g, _STATE, (claim, who.fp, keep, options, op))
         return None
 
     def _after(self, response: Response) -> Response:
@@ -163,24 +151,22 @@ class Idempotency:
 
     def _settle(self, response: Response, claim: Claim, fp: str, keep: Any, options: Options) -> Response:
         status = response.status_code
-        if options.given_back(status):
+        headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in response.headers.items()]
+        streamed = "it is a streamed response" if response.is_streamed else None
+        body = b"" if streamed else response.get_data()
+        action = _http.verdict(options, status, headers, unbuffered=streamed, size=len(body))
+        if action is _http.GIVE_BACK:
             keep.__exit__(None, None, None)
             http_sync.give_back(claim)
             return response
-        headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in response.headers.items()]
-        reason = "it is a streamed response" if response.is_streamed else _http.streamed_reason(options, headers)
-        if reason is None:
-            body = response.get_data()
-            if len(body) > options.max_response_bytes:
-                reason = f"its body is larger than max_response_bytes={options.max_response_bytes}"
-        if reason is not None:
-            return _pass(response, claim, fp, keep, reason)
+        if action.action == "pass":
+            return _pass(response, claim, fp, keep, action.reason)
         keep.__exit__(None, None, None)
         stored = http_sync.store(
             claim, _http.stored_payload(fp, status, headers, options.keeps_header, body), status, fp
         )
         if stored == "lost":
-            return _response(_http.problem(503, _http.LOST, retry=True, code="claim-lost"), options.problem_docs)
+            return _response(_http.claim_lost(), options.problem_docs)
         if stored == "failed":
             response.headers[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
         return response
@@ -200,6 +186,7 @@ class Idempotency:
 
 def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> Response:
     """Send a response that is not kept, marked so; duplicates are told once it ended (or kept closed if not)."""
+    http_sync.passing_unstored("flask", claim, response.status_code, reason)
     response.headers[UNSTORED_HEADER[0].decode()] = UNSTORED_HEADER[1].decode()
     marker = _http.unstored_payload(fp, response.status_code, reason)
     if not response.is_streamed:
@@ -216,6 +203,10 @@ def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> 
 def _aborted(error: Exception) -> bool:
     """An HTTP exception (``abort(401)``) a scope function raised on purpose: Flask answers it."""
     return isinstance(error, HTTPException)
+
+
+def _latin1(value: str | None) -> bytes | None:
+    return None if value is None else value.encode("latin-1")
 
 
 def _response(answer: Answer, docs: str | None) -> Response:

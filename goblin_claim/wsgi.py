@@ -29,18 +29,15 @@ answered ``409`` ``interrupted`` until ``ttl`` ends or it is forgotten.
 from __future__ import annotations
 
 import io
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
 from . import _events, _http
-from ._drivers.http_sync import SyncDoor, abandon, give_back, mark, open_claim, store
+from ._drivers.http_sync import SyncDoor, abandon, give_back, mark, open_claim, passing_unstored, store
 from ._drivers.keepalive import KeepAlive
 from ._drivers.sync import Claim
 from ._http import DEFAULT_RELEASE_STATUSES, DEFAULT_REPLAY_HEADERS, UNSTORED_HEADER, Answer, Options
-
-logger = logging.getLogger("goblin_claim.wsgi")
 
 __all__ = ["DEFAULT_RELEASE_STATUSES", "DEFAULT_REPLAY_HEADERS", "IdempotencyMiddleware", "StartResponse", "WSGIApp"]
 
@@ -82,14 +79,11 @@ class IdempotencyMiddleware:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Handle one WSGI request: intercepted ones here, everything else passed to the app."""
         options = self.options
-        if environ.get("REQUEST_METHOD", "GET") not in options.methods:
+        if not _http.covers(options, environ.get("REQUEST_METHOD", "GET")):
             return self.app(environ, start_response)
         path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
-        rule = _http.key_rule(options, environ, path, None, "wsgi")
-        if isinstance(rule, Answer):
-            return _send(start_response, rule, options.problem_docs)
         raw = environ.get("HTTP_" + options.header.upper().replace("-", "_"))
-        key = _http.key_of(options, rule, [] if raw is None else [raw.encode("latin-1")])
+        _, key = _http.admit(options, environ, path, None, [] if raw is None else [raw.encode("latin-1")], "wsgi")
         if key is None:
             return self.app(environ, start_response)
         if isinstance(key, Answer):
@@ -99,24 +93,19 @@ class IdempotencyMiddleware:
             return _send(start_response, body, options.problem_docs)
         environ["wsgi.input"] = io.BytesIO(body)  # the app reads the body already read
         environ["CONTENT_LENGTH"] = str(len(body))
-        owner = _http.owner_of(options, environ, "wsgi")
-        if isinstance(owner, Answer):
-            return _send(start_response, owner, options.problem_docs)
-        kind = environ.get("CONTENT_TYPE")
         query = environ.get("QUERY_STRING", "").encode("latin-1")
-        fp = _http.request_fingerprint(options, environ, None if kind is None else kind.encode("latin-1"), query, body)
-        claim = self._door.claim(environ["REQUEST_METHOD"], path, owner, key, fp)
-        accept = environ.get("HTTP_ACCEPT_ENCODING")
+        who = _http.identify(options, environ, _latin1(environ.get("CONTENT_TYPE")), query, body, "wsgi")
+        if isinstance(who, Answer):
+            return _send(start_response, who, options.problem_docs)
+        claim = self._door.claim(environ["REQUEST_METHOD"], path, who.owner, key, who.fp)
         # One "request" event, taking the outcome of the claim's round trips inside it.
-        with _events.observing("request", claim) as op:
-            opened = open_claim(options, claim, fp, None if accept is None else accept.encode("latin-1"))
+        with _events.observing("request", claim):
+            opened = open_claim(options, claim, who.fp, _latin1(environ.get("HTTP_ACCEPT_ENCODING")))
             if isinstance(opened, Answer):
-                if opened.code == "key-reused":
-                    op.note("payload_mismatch")
                 return _send(start_response, opened, options.problem_docs)
             if opened is not None:  # fail_open, Redis unreachable: the app runs unclaimed, its response passes through
                 return self.app(environ, start_response)
-            return _Run(self, claim, fp).run(environ, start_response)
+            return _Run(self, claim, who.fp).run(environ, start_response)
 
 
 class _Run:
@@ -187,12 +176,8 @@ class _Run:
         """Why the response is passed through rather than stored (``"given back"`` for a status not kept)."""
         if self._status is None:
             return None
-        if self._options.given_back(self._status_code()):
-            return "given back"
-        reason = _http.streamed_reason(self._options, self._byte_headers())
-        if reason is None and size > self._options.max_response_bytes:
-            reason = f"its body is larger than max_response_bytes={self._options.max_response_bytes}"
-        return reason
+        action = _http.verdict(self._options, self._status_code(), self._byte_headers(), size=size)
+        return "given back" if action is _http.GIVE_BACK else action.reason or None
 
     def _store_and_send(self, start_response: StartResponse) -> Iterable[bytes]:
         assert self._status is not None
@@ -200,11 +185,7 @@ class _Run:
         payload = _http.stored_payload(self._fp, status, self._byte_headers(), self._options.keeps_header, body)
         stored = store(self._claim, payload, status, self._fp)
         if stored == "lost":
-            return _send(
-                start_response,
-                _http.problem(503, _http.LOST, retry=True, code="claim-lost"),
-                self._options.problem_docs,
-            )
+            return _send(start_response, _http.claim_lost(), self._options.problem_docs)
         headers = self._headers
         if stored == "failed":
             headers = [*headers, _text(UNSTORED_HEADER)]
@@ -218,10 +199,7 @@ class _Run:
         unstored = None if reason == "given back" else reason
         headers = self._headers
         if unstored is not None:
-            logger.warning(
-                "key %s: the %s response is passed through and not kept for replay: %s; duplicates are answered 422",
-                _events.key_digest(self._claim.key), self._status_code(), unstored,
-            )  # fmt: skip
+            passing_unstored("wsgi", self._claim, self._status_code(), unstored)
             headers = [*headers, _text(UNSTORED_HEADER)]
         start_response(self._status, headers)
         return _Passing(self, unstored, list(self._chunks), result, iterator, keep)
@@ -279,18 +257,18 @@ def _read_body(options: Options, environ: Environ) -> bytes | Answer:
     """The request body (up to ``max_body_bytes``), or the answer refusing it; nothing has run yet."""
     declared = _http.declared_length(environ.get("CONTENT_LENGTH") or None)
     stream = environ["wsgi.input"]
+    refused = _http.body_refused(options, declared)
+    if refused is not None:
+        return refused
     if declared is not None:
-        if declared > options.max_body_bytes:
-            return _http.problem(413, _http.too_large_detail(options, declared))
         body = stream.read(declared) if declared else b""
         if len(body) < declared:  # the client left before sending its body: nothing ran
             return _http.problem(400, "the request body ended before its Content-Length")
         return bytes(body)
     if environ.get("wsgi.input_terminated"):  # a chunked body the server ends for us
         body = stream.read(options.max_body_bytes + 1)
-        if len(body) > options.max_body_bytes:
-            return _http.problem(413, _http.too_large_detail(options, None))
-        return bytes(body)
+        # Cut at the limit: its whole size is unknown.
+        return _http.body_refused(options, None, -1 if len(body) > options.max_body_bytes else 0) or bytes(body)
     return b""  # no length and no terminated stream: WSGI says there is no body to read
 
 
@@ -306,6 +284,10 @@ def _status_line(status: int) -> str:
         return f"{status} {HTTPStatus(status).phrase}"
     except ValueError:
         return f"{status} Unknown"
+
+
+def _latin1(value: str | None) -> bytes | None:
+    return None if value is None else value.encode("latin-1")
 
 
 def _text(pair: tuple[bytes, bytes]) -> tuple[str, str]:

@@ -78,6 +78,8 @@ def open_claim(
         if isinstance(outcome, InFlight):
             answer = _http.in_flight(options, claim._holder, fp)
             if answer is not None:
+                if answer.code == "key-reused":
+                    _mismatched()
                 return answer
             outcome = claim.wait(timeout=options.wait)
     except StillInFlightError as exc:
@@ -106,8 +108,22 @@ def open_claim(
         answer = _http.replay(outcome.value, fp, accept_encoding)
         if answer.status == 500 and _http.REPLAYED_HEADER not in answer.headers:
             logger.warning("key %s: a duplicate was answered %d", _digest(claim), answer.status)
+        if answer.code == "key-reused":
+            _mismatched()
         return answer
     return None
+
+
+def _mismatched() -> None:
+    """The observed request (if any) comes to ``payload_mismatch``: its key was sent with another request."""
+    op = _events.current_request()
+    if op is not None:
+        op.note("payload_mismatch")
+
+
+def passing_unstored(door: str, claim: Claim, status: int, reason: str) -> None:
+    """Say, on the door's logger, that an answer is passed through unkept: every door in the same words."""
+    logging.getLogger(f"goblin_claim.{door}").warning(_http.UNSTORED_WARNING, _digest(claim), status, reason)
 
 
 def store(claim: Claim, payload: bytes, status: int, fp: str) -> Literal["stored", "lost", "failed"]:

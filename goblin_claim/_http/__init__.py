@@ -4,9 +4,12 @@
 # are kept, what a duplicate gets back, and the problem answers: all decided here, in
 # plain values. The doors (goblin_claim.asgi, goblin_claim.wsgi, goblin_claim.django,
 # goblin_claim.flask) only read requests, hold the claim and write responses; none of
-# them decides anything this package decides.
+# them decides anything this package decides. The exchange module is where a door
+# starts: its functions take a request's parts in the order every door reads them
+# and an app's answer, and say what to do (pass, refuse, claim; store, pass through,
+# give back).
 #
-# One module per concern: what is stored (stored), answers (answers), the options
+# One module per concern: the exchange (exchange), what is stored (stored), answers (answers), the options
 # (options), which routes take a key (routes), a scope or routes function that fails
 # (failures), the request's side (request), the response's side (response). They import
 # one another by module, never this package; the doors read every rule here, as
@@ -28,6 +31,21 @@ from .answers import (
     Headers,
     documented,
     problem,
+)
+from .exchange import (
+    GIVE_BACK,
+    STORE,
+    UNSTORED_WARNING,
+    Identity,
+    Verdict,
+    admit,
+    body_refused,
+    claim_lost,
+    covers,
+    gives_back,
+    identify,
+    oversize,
+    verdict,
 )
 from .failures import misconfigured
 from .options import (
@@ -92,6 +110,7 @@ __all__ = [
     "DOOR_OPTIONS",
     "ENVELOPE",
     "FINGERPRINTS",
+    "GIVE_BACK",
     "HOP_BY_HOP",
     "INTERRUPTED",
     "IN_FLIGHT",
@@ -109,29 +128,39 @@ __all__ = [
     "RESULT_LOST",
     "RETRY_AFTER",
     "SAFE_METHODS",
+    "STORE",
     "STORE_WINDOW",
     "UNAVAILABLE",
     "UNSTORED_HEADER",
+    "UNSTORED_WARNING",
     "AbandonedRequest",
     "Answer",
     "DoorOptions",
     "Headers",
+    "Identity",
     "KeyRule",
     "Options",
     "StoredResponse",
     "UnstoredResponse",
+    "Verdict",
     "abandoned_payload",
+    "admit",
     "any_marked",
     "apassed_through",
+    "body_refused",
     "check_rule",
+    "claim_lost",
     "claim_name",
     "claim_token",
+    "covers",
     "declared_length",
     "documented",
     "fingerprint",
+    "gives_back",
     "holder_fp",
     "holder_member",
     "idempotency_key",
+    "identify",
     "in_flight",
     "interrupted",
     "key_of",
@@ -139,6 +168,7 @@ __all__ = [
     "make_options",
     "marked_rule",
     "misconfigured",
+    "oversize",
     "owner_of",
     "parse_key",
     "passed_through",
@@ -150,4 +180,5 @@ __all__ = [
     "streamed_reason",
     "too_large_detail",
     "unstored_payload",
+    "verdict",
 ]

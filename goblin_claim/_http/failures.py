@@ -19,6 +19,7 @@ _PLACEMENT: Final = {
     "wsgi": "wrap this middleware inside the authentication middleware: auth(IdempotencyMiddleware(app, ...))",
     "django": "list goblin_claim.django.IdempotencyMiddleware after the authentication middleware in MIDDLEWARE",
     "flask": "register the authentication's before_request before Idempotency(app) or init_app(app)",
+    "aiohttp": "list the authentication middleware before this one in web.Application(middlewares=[...])",
 }
 _logged: set[tuple[str, ...]] = set()
 _logged_lock = threading.Lock()

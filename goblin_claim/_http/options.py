@@ -108,10 +108,6 @@ class Options:
             return False
         return self.replay_headers is None or text in self.replay_headers
 
-    def given_back(self, status: int) -> bool:
-        """Whether an answer with ``status`` is sent but not kept (the key is given back)."""
-        return status >= 500 or status in self.release_statuses
-
 
 @dataclass(frozen=True)
 class DoorOptions:

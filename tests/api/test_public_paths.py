@@ -43,6 +43,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "idempotent_view",
     ),
     "goblin_claim.flask": ("Idempotency", "idempotency_key"),
+    "goblin_claim.aiohttp": ("IdempotencyMiddleware", "idempotency_key"),
     "goblin_claim.celery": ("IdempotentTask",),
     "goblin_claim.rq": ("idempotent_job",),
     "goblin_claim.dramatiq": ("Idempotency",),

@@ -38,6 +38,7 @@ TUTORIAL = ROOT / "docs" / "get-started" / "tutorial.md"
 USES: dict[str, str] = {
     "django": "import goblin_claim.django",
     "flask": "import goblin_claim.flask",
+    "aiohttp": "import goblin_claim.aiohttp",
     "celery": "import goblin_claim.celery",
     "rq": "import goblin_claim.rq",
     "dramatiq": "import goblin_claim.dramatiq",

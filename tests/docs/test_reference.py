@@ -21,6 +21,7 @@ PUBLIC_MODULES = [
     "goblin_claim.wsgi",
     "goblin_claim.django",
     "goblin_claim.flask",
+    "goblin_claim.aiohttp",
     "goblin_claim.celery",
     "goblin_claim.rq",
     "goblin_claim.dramatiq",

@@ -1,9 +1,10 @@
-"""The WSGI, Django and Flask doors over real HTTP: gunicorn (WSGI) and uvicorn (ASGI) processes, a real Redis.
+"""The WSGI, Django, Flask and aiohttp doors over real HTTP: gunicorn and uvicorn processes, a real Redis.
 
 Each door serves the same small service (``tests/support/apps/flask_app``, ``tests/support/apps/django_app``)
 the way users deploy it: the bare WSGI app behind ``goblin_claim.wsgi`` and the
 Flask app behind ``goblin_claim.flask`` under gunicorn, the Django project behind
-``goblin_claim.django`` under gunicorn and under uvicorn. The views count their
+``goblin_claim.django`` under gunicorn and under uvicorn, the aiohttp app behind
+``goblin_claim.aiohttp`` under gunicorn's aiohttp worker (``tests/support/apps/aiohttp_app.py``). The views count their
 runs in Redis; the tests read the counters from their own process.
 """
 
@@ -42,6 +43,7 @@ DOORS = {
     "flask": ("gunicorn", "tests.support.apps.flask_app:create_app()"),
     "django-wsgi": ("gunicorn", "tests.support.apps.django_app.door_wsgi:application"),
     "django-asgi": ("uvicorn", "tests.support.apps.django_app.door_asgi:application"),
+    "aiohttp": ("gunicorn-aiohttp", "tests.support.apps.aiohttp_app:application"),
 }
 FRAMEWORK_DOORS = ("flask", "django-wsgi", "django-asgi")  # with routing, auth and per-view options
 
@@ -83,10 +85,13 @@ def env_for(redis_server: servers.RedisProcess, namespace: str, **extra: str) ->
 
 
 @contextlib.contextmanager
-def serve(door: str, env: dict[str, str], **gunicorn: Any) -> Iterator[str]:
-    """Serve ``door`` under its server; yield the base URL."""
-    server, target = DOORS[door]
-    if server == "gunicorn":
+def serve(door: str, env: dict[str, str], doors: dict[str, tuple[str, str]] = DOORS, **gunicorn: Any) -> Iterator[str]:
+    """Serve ``door`` (one of ``doors``) under its server; yield the base URL."""
+    server, target = doors[door]
+    if server == "gunicorn-aiohttp":  # an aiohttp app under gunicorn's aiohttp worker
+        with serve_gunicorn(target, env=env, worker="aiohttp.GunicornWebWorker", **gunicorn) as url:
+            yield url
+    elif server == "gunicorn":
         options = {"worker": "gthread", "workers": 2, "threads": 32, **gunicorn}
         with serve_gunicorn(target, env=env, **options) as url:
             yield url
@@ -184,8 +189,8 @@ def test_a_router_404_is_answered_and_nothing_is_kept(service: Service) -> None:
 
 def test_no_owner_fails_closed_without_running_the_view(service: Service) -> None:
     """With a scope function, a request whose caller is unknown (no X-User) is 403 and the view never runs."""
-    if door_of(service) not in FRAMEWORK_DOORS:
-        pytest.skip("the bare WSGI door has no routing, authentication or per-view options")
+    if door_of(service) not in (*FRAMEWORK_DOORS, "aiohttp"):
+        pytest.skip("the bare WSGI service has no scope function")
     before = service.runs("sync")
     response = service.post("/orders/sync", uuid.uuid4().hex, user=None)
     assert response.status_code == 403
@@ -196,7 +201,7 @@ def test_no_owner_fails_closed_without_running_the_view(service: Service) -> Non
 def test_a_view_with_its_own_options_uses_them(service: Service) -> None:
     """A per-view decorator's options rule that view: a key is required there (400), and it runs once per key."""
     if door_of(service) not in FRAMEWORK_DOORS:
-        pytest.skip("the bare WSGI door has no routing, authentication or per-view options")
+        pytest.skip("this door's service has no per-view options")
     assert service.post("/orders/own", None).status_code == 400
     key, before = uuid.uuid4().hex, service.runs("own")
     first, second = service.post("/orders/own", key), service.post("/orders/own", key, user="bob")
@@ -218,7 +223,7 @@ def test_a_route_that_ignores_the_key_is_never_claimed(service: Service) -> None
 def test_a_failing_scope_is_explained_and_the_view_never_runs(service: Service) -> None:
     """A view's scope reading what no auth set (g.tenant_id, request.user) is 500 scope-failed with the door's fix."""
     if door_of(service) not in FRAMEWORK_DOORS:
-        pytest.skip("the bare WSGI door has no per-view options")
+        pytest.skip("this door's service has no per-view options")
     fix = {
         "flask": ("AttributeError (no attribute 'tenant_id')", "before Idempotency(app)"),
         "django-wsgi": ("AttributeError (no attribute 'user')", "after the authentication middleware in MIDDLEWARE"),

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 
+from tests.support.apps import answers
 from tests.support.apps.django_app.settings import *  # noqa: F403 -- the same project, with the door added
+
+answers.log_to_file()
 
 INSTALLED_APPS = ["goblin_claim.django.GoblinClaimConfig"]
 MIDDLEWARE = ["tests.support.apps.django_app.auth.HeaderUserMiddleware", "goblin_claim.django.IdempotencyMiddleware"]

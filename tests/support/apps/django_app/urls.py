@@ -13,4 +13,6 @@ urlpatterns = [
     path("orders/own", views.order_own),
     path("orders/misconfigured", views.order_misconfigured),
     path("webhook", views.webhook),
+    path("answer", views.answer),
+    path("answer/ignored", views.answer_ignored),
 ]

@@ -15,12 +15,14 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 
 from goblin_claim.django import idempotency_key, idempotent_view
+from tests.support.apps import answers
 
 PORT = int(os.environ["GOBLIN_TEST_REDIS_PORT"])
-COUNTERS = f"{os.environ['GOBLIN_TEST_NAMESPACE']}:runs"
+NAMESPACE = os.environ["GOBLIN_TEST_NAMESPACE"]
+COUNTERS = f"{NAMESPACE}:runs"
 DELAY = float(os.environ.get("GOBLIN_TEST_DELAY", "1.5"))
 _clients: dict[str, Any] = {}
 
@@ -78,3 +80,23 @@ def webhook(request: HttpRequest) -> JsonResponse:
     """A webhook its sender signs: the middleware never claims it, key or not."""
     run = _sync().incr(f"{COUNTERS}:webhook")
     return JsonResponse({"run": run}, status=201)
+
+
+def answer(request: HttpRequest) -> HttpResponseBase:
+    """``/answer`` (tests/support/apps/answers.py) in Django: a StreamingHttpResponse when asked for a stream."""
+    asked = answers.asked(request.META.get("QUERY_STRING", ""))
+    _sync().incr(answers.counter(NAMESPACE, asked.tag))
+    response: HttpResponseBase
+    if asked.stream:
+        response = StreamingHttpResponse(asked.chunks(), status=asked.status)
+    else:
+        response = HttpResponse(asked.body, status=asked.status)
+    for name, value in asked.headers:
+        response[name] = value
+    return response
+
+
+@idempotency_key("ignore")
+def answer_ignored(request: HttpRequest) -> HttpResponseBase:
+    """``/answer`` on a route that ignores the key."""
+    return answer(request)

@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import Any
 
 import redis
@@ -21,6 +22,7 @@ from flask import Flask, Response, g, jsonify, request
 
 from goblin_claim.flask import Idempotency, idempotency_key
 from goblin_claim.wsgi import IdempotencyMiddleware
+from tests.support.apps import answers
 
 PORT = int(os.environ["GOBLIN_TEST_REDIS_PORT"])
 NAMESPACE = os.environ["GOBLIN_TEST_NAMESPACE"]
@@ -34,6 +36,7 @@ UNIT = {
     "lease": int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
 }
 _counters = redis.Redis(host="127.0.0.1", port=PORT)
+answers.log_to_file()
 
 
 def work(name: str) -> int:
@@ -100,14 +103,38 @@ def create_app() -> Flask:
 
         return Response(chunks(), mimetype="application/x-ndjson")
 
+    @app.route("/answer", methods=["POST", "PUT"])
+    def answer() -> Response:
+        return _answer()
+
+    @app.route("/answer/ignored", methods=["POST", "PUT"])
+    @idempotency_key("ignore")
+    def answer_ignored() -> Response:
+        return _answer()
+
     return app
 
 
+def _answer() -> Response:
+    """``/answer`` (tests/support/apps/answers.py) in Flask: a streamed response when asked for one."""
+    asked = answers.asked(request.query_string.decode())
+    _counters.incr(answers.counter(NAMESPACE, asked.tag))
+    return Response(asked.chunks() if asked.stream else asked.body, status=asked.status, headers=asked.headers)
+
+
 def bare(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-    """A bare WSGI app: ``POST /orders/sync`` counts, works, answers 201; ``POST /webhook`` counts; else 200 or 404."""
+    """A bare WSGI app: ``POST /orders/sync`` counts, works, answers 201; ``POST /webhook`` counts; ``/answer``.
+
+    Anything else: 200 for ``/health``, else 404.
+    """
     if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] == "/webhook":
         start_response("201 Created", [("Content-Type", "application/json")])
         return [json.dumps({"run": int(_counters.incr(f"{COUNTERS}:webhook"))}).encode()]
+    if environ["PATH_INFO"] in ("/answer", "/answer/ignored"):
+        asked = answers.asked(environ.get("QUERY_STRING", ""))
+        _counters.incr(answers.counter(NAMESPACE, asked.tag))
+        start_response(f"{asked.status} {HTTPStatus(asked.status).phrase}", asked.headers)
+        return asked.chunks() if asked.stream else [asked.body]
     if environ["REQUEST_METHOD"] != "POST" or environ["PATH_INFO"] != "/orders/sync":
         found = environ["PATH_INFO"] == "/health"
         start_response("200 OK" if found else "404 Not Found", [("Content-Type", "text/plain")])
@@ -123,5 +150,10 @@ def create_wsgi() -> Any:
     """The bare WSGI app behind the WSGI middleware (a gunicorn factory)."""
     client = redis.Redis(host="127.0.0.1", port=PORT, socket_timeout=5)
     return IdempotencyMiddleware(
-        bare, client=client, namespace=NAMESPACE, wait=WAIT, routes={"/webhook": "ignore"}, **UNIT
+        bare,
+        client=client,
+        namespace=NAMESPACE,
+        wait=WAIT,
+        routes={"/webhook": "ignore", "/answer/ignored": "ignore"},
+        **UNIT,
     )

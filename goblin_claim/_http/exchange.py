@@ -1,0 +1,158 @@
+"""The exchange, decided once for every door: a request's parts in, a key or an answer out; an answer in, an action.
+
+Pure functions over plain values (no I/O, no web framework): each door reads its
+framework's request into these arguments and performs what comes back. The
+intake, in the order every door follows it::
+
+    covers(options, method)                   -> intercepted, or passed to the app untouched
+    admit(options, request, path, marked, values, door)
+                                              -> (the rule applied, the key, an answer (400, a failed
+                                                 routes function), or None: passed to the app unclaimed)
+    body_refused(options, declared, size)     -> the 413, or None (read the body, then ask again with its size)
+    identify(options, request, content_type, query, body, door, passes)
+                                              -> Identity(owner, fp), or an answer (403, a failed scope function)
+
+and once the app has answered (status, headers, size, streamed or not)::
+
+    verdict(options, status, headers, ...)    -> STORE, GIVE_BACK, or Verdict("pass", "because ...")
+
+A later rule about which answers are kept (a 5xx stored and replayed, say) is one
+branch of ``verdict()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from .answers import LOST, Answer, problem
+from .options import KeyRule, Options
+from .request import owner_of, request_fingerprint, too_large_detail
+from .response import streamed_reason
+from .routes import key_of, key_rule
+
+# What a door logs (at WARNING, on ``goblin_claim.<door>``) when it passes a response through unstored.
+UNSTORED_WARNING: Final = (
+    "key %s: the %s response is passed through and not kept for replay: %s; duplicates are answered 422"
+)
+
+
+def covers(options: Options, method: str) -> bool:
+    """Whether a request with ``method`` is intercepted at all (any other passes to the app untouched)."""
+    return method in options.methods
+
+
+def admit(
+    options: Options, request: object, path: str, marked: KeyRule | None, values: list[bytes], door: str
+) -> tuple[KeyRule | None, str | Answer | None]:
+    """The rule applied to the request's route, and its key, the answer refusing it, or ``None`` to pass it unclaimed.
+
+    Args:
+        options: The options of the request's route.
+        request: What a ``routes`` function receives (ASGI scope, WSGI environ, a framework's request).
+        path: The path ``routes`` patterns match (the one in the claim's key).
+        marked: The rule the request's route carries (``idempotency_key()``, a Litestar ``opt``), if any.
+        values: The key header's values, as sent.
+        door: The door asking (its logger and advice, should a ``routes`` function fail).
+    """
+    rule = key_rule(options, request, path, marked, door)
+    if isinstance(rule, Answer):
+        return None, rule
+    return rule, key_of(options, rule, values)
+
+
+def body_refused(options: Options, declared: int | None, size: int | None = None) -> Answer | None:
+    """The 413 for a body larger than ``max_body_bytes`` (declared, or read), or ``None``: nothing has run yet.
+
+    ``size`` is ``-1`` for a body known to be too large without its size (a
+    chunked body cut at the limit).
+    """
+    limit = options.max_body_bytes
+    if declared is not None and declared > limit:
+        return problem(413, too_large_detail(options, declared))
+    if size is not None and (size < 0 or size > limit):
+        return problem(413, too_large_detail(options, None if size < 0 else size))
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Whose key it is (``None``: the shared space) and the request's fingerprint: with the key, the claim."""
+
+    owner: str | None
+    fp: str
+
+
+def identify(
+    options: Options, request: object, content_type: bytes | None, query: bytes, body: bytes, door: str,
+    passes: Callable[[Exception], bool] | None = None,
+) -> Identity | Answer:  # fmt: skip
+    """The owner and fingerprint of a request whose body was read, or the answer refusing it (403, 500).
+
+    ``passes``: an exception of the scope function the door's framework answers
+    itself (an HTTP exception raised on purpose), re-raised rather than answered 500.
+    """
+    owner = owner_of(options, request, door, passes)
+    if isinstance(owner, Answer):
+        return owner
+    return Identity(owner, request_fingerprint(options, request, content_type, query, body))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a door does with an answer: ``store``, ``pass`` (through, unkept: ``reason`` says why), ``give back``.
+
+    A status given back is sent, not kept, and the key is released: a retry runs.
+    """
+
+    action: Literal["store", "pass", "give back"]
+    reason: str = ""
+
+
+STORE: Final = Verdict("store")
+GIVE_BACK: Final = Verdict("give back")
+
+
+def gives_back(options: Options, status: int) -> bool:
+    """Whether an answer with ``status`` is sent, not kept, and its key given back: every 5xx, ``release_statuses``."""
+    return status >= 500 or status in options.release_statuses
+
+
+def verdict(
+    options: Options, status: int, headers: Iterable[tuple[bytes, bytes]], *, unbuffered: str | None = None,
+    trailers: bool = False, size: int | None = None,
+) -> Verdict:  # fmt: skip
+    """What becomes of an app's answer, from what is known of it so far.
+
+    Args:
+        options: The options of the request's route.
+        status: The answer's status.
+        headers: Its headers (lower-case or not).
+        unbuffered: Why the door cannot hold the body whole, if it cannot (a framework's
+            streamed response, a file sent by the server).
+        trailers: Whether it announced trailers.
+        size: The body's size so far (``None``: not read yet).
+
+    Returns:
+        ``GIVE_BACK`` for a status not kept, else ``Verdict("pass", why)`` for an
+        answer that cannot be kept (streamed, a stream type, too large), else ``STORE``.
+    """
+    if gives_back(options, status):
+        return GIVE_BACK
+    reason = unbuffered or streamed_reason(options, headers, trailers)
+    if reason is None and size is not None:
+        reason = oversize(options, size)
+    return STORE if reason is None else Verdict("pass", reason)
+
+
+def oversize(options: Options, size: int) -> str | None:
+    """Why a body of ``size`` bytes so far cannot be kept, or ``None``."""
+    if size > options.max_response_bytes:
+        return f"its body is larger than max_response_bytes={options.max_response_bytes}"
+    return None
+
+
+def claim_lost() -> Answer:
+    """The answer to a request whose claim was lost before its response was stored: a retry gets the stored one."""
+    return problem(503, LOST, retry=True, code="claim-lost")
