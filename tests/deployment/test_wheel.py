@@ -42,6 +42,8 @@ USES: dict[str, str] = {
     "rq": "import goblin_claim.rq",
     "dramatiq": "import goblin_claim.dramatiq",
     "arq": "import goblin_claim.arq",
+    "taskiq": "import goblin_claim.taskiq",
+    "huey": "import goblin_claim.huey",
     "otel": "import goblin_claim.otel\ngoblin_claim.otel.instrument()",
     "testing": """
         from goblin_claim import Claim, Claimed

@@ -25,6 +25,8 @@ PUBLIC_MODULES = [
     "goblin_claim.rq",
     "goblin_claim.dramatiq",
     "goblin_claim.arq",
+    "goblin_claim.taskiq",
+    "goblin_claim.huey",
 ]
 
 
