@@ -10,23 +10,17 @@ Install with ``pip install goblin-claim[huey]``. Example::
     def charge(event_id: str, amount: int) -> Receipt: ...
 
 The door registers the task (``huey.task(context=True, **huey_options)``); options are
-``@idempotent``'s, and the client is the Huey's own Redis connection unless ``client=``
-names one.
+``@idempotent``'s; the client is the Huey's own connection unless ``client=`` names one.
 
-Huey pops a task off its Redis list for good: a consumer killed mid-task loses it, and
-its retries cover exceptions only. So while a delivery runs, the door keeps a copy of it
-(same task id) in Huey's schedule, due just past the lease, and takes it out when the
-delivery ends, as it ends (a result, an exception, an in-flight retry). A killed consumer
-leaves the copy, which the next consumer's scheduler runs: it takes the work over from
-the dead owner, or returns the stored result.
+Huey pops a task for good: a killed consumer loses it. So while a delivery runs, the door
+keeps a copy of it (same task id) in Huey's schedule, due just past the lease, and takes it
+out as the delivery ends; a killed consumer leaves it, and the copy takes the work over.
 
-In flight elsewhere: the task waits for the first copy, woken by its completion, at most
-``wait`` seconds (default 10) and never past the holder's lease left, and returns the stored
-result (or takes the work over). Still running then, it raises Huey's ``RetryTask`` for
-when the holder's lease lapses (``retry_after``), same task id, never spending one of the
-task's own ``retries``. With ``at_most_once=True``, a task whose key's earlier attempt ended
-without a result is acked without running, its result ``None``, logged at WARNING on
-``goblin_claim.huey``. Called with ``call_local`` it raises those errors instead.
+In flight elsewhere: the task waits for the first copy, at most ``wait`` seconds (default 10)
+and never past the holder's lease left; still running then, it raises ``RetryTask`` for when
+that lease lapses, same task id, spending none of the task's ``retries``. With
+``at_most_once=True``, an interrupted key's task completes without running (``None``), logged
+at WARNING on ``goblin_claim.huey``. ``call_local`` raises those errors instead.
 """
 
 from __future__ import annotations

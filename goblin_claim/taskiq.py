@@ -10,27 +10,18 @@ Install with ``pip install goblin-claim[taskiq]``. Example::
     @idempotent_task(redis.asyncio.Redis(), key="event_id", lease=30, ttl=86400)
     async def charge(event_id: str, amount: int) -> Receipt: ...
 
-The client is an asyncio client (or a function of no arguments returning one); options
-are ``@idempotent``'s. Use taskiq-redis's ``RedisStreamBroker``: it acks a message once
-its result is saved and hands a dead worker's unacked messages to another worker after
-``idle_timeout`` (ms); ``ListQueueBroker`` pops a message for good, so a killed worker's
-task is lost.
+Options are ``@idempotent``'s. Use ``RedisStreamBroker``: it hands a dead worker's unacked
+messages on after ``idle_timeout`` (ms); ``ListQueueBroker`` loses a killed worker's task.
 
-In flight elsewhere (a duplicate message, or the stream's redelivery of a message
-whose worker is still running it): the task waits for the first copy, woken by its
-completion, at most ``wait`` seconds (default 10) and never past the holder's lease
-left, and returns the stored result (or, the holder's lease lapsed, takes the work
-over). Still running then, the copy sleeps until just past the holder's lease left
-and sends its own message again (taskiq's ``Context.requeue``: same task id, so the
-caller's ``wait_result`` gets the answer), storing no result of its own. taskiq's Redis
-brokers deliver nothing later, so the copy stays in the worker meanwhile (one of its
-``max_async_tasks``, its message unacked: a worker killed then leaves it to the
-stream); keep ``idle_timeout`` above ``wait`` plus the lease.
+In flight elsewhere: the task waits for the first copy, woken by its completion, at most
+``wait`` seconds (default 10) and never past the holder's lease left, and returns the stored
+result (or takes the work over). Still running then, the copy sleeps until just past the
+lease left (taskiq's Redis brokers deliver nothing later; its message stays unacked) and
+sends its message again (``Context.requeue``: same task id), storing no result itself.
 
 With ``at_most_once=True``, a task whose key's earlier attempt ended without a result
-(its worker was killed, or lost its lease) completes without running the work, its
-result ``None``, logged at WARNING on ``goblin_claim.taskiq``. Called directly (not
-delivered by a worker), it raises ``InterruptedWorkError`` (and ``StillInFlightError``).
+completes without running, its result ``None``, logged at WARNING on ``goblin_claim.taskiq``.
+Called directly, it raises ``InterruptedWorkError`` (and ``StillInFlightError``).
 """
 
 from __future__ import annotations
