@@ -36,6 +36,7 @@ import redis
 
 from goblin_claim import Claim, Completed, InterruptedWorkError
 from goblin_claim._events import key_digest
+from goblin_claim._handle import CHECKPOINT_SUFFIX
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -251,3 +252,23 @@ def test_at_most_once_a_killed_worker_s_redelivery_is_acked_and_never_rerun(
     assert event not in line
     with pytest.raises(InterruptedWorkError):
         asyncio.run(app.charge_at_most_once(event, 900))  # called directly: the caller is told
+
+
+def test_a_killed_checkpointed_task_resumes_after_its_last_checkpoint(
+    app: Any, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """A worker SIGKILLed after step 2 of 4: the stream's redelivery takes the key over and runs steps 3 and 4."""
+    worker()
+    event = "evt-steps"
+    data.set(f"pause:step2:{event}", 30)
+    checkpoint = Claim(data, event, namespace="jobs.taskiq.steps").claim_key + CHECKPOINT_SUFFIX
+
+    def kill() -> None:
+        pid = first_pid(data, event)
+        wait_until(lambda: data.get(checkpoint) == b"2" and not data.exists(f"pause:step2:{event}"), 20, "step 2")
+        os.kill(pid, signal.SIGKILL)
+
+    (result,) = _send(app, [(app.steps, (event,))], timeout=60, before=kill, traffic=True)
+    assert result.return_value == {"event_id": event, "resumed_after": 2}
+    assert [int(data.get(f"step:{event}:{step}") or 0) for step in range(1, 5)] == [1, 1, 1, 1]
+    assert data.get(checkpoint) is None  # the stored result cleared it

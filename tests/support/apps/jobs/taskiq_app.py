@@ -10,8 +10,9 @@ from taskiq import TaskiqMessage, TaskiqMiddleware, TaskiqResult
 from taskiq.serializers import JSONSerializer
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
+from goblin_claim import current_claim
 from goblin_claim.taskiq import idempotent_task
-from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, mark, unreachable_async, url
+from tests.support.apps.jobs.common import LEASE, Receipt, charge_card, checkpointed_steps, mark, unreachable_async, url
 
 # A dead worker's unacked messages go to another consumer once idle this long (ms): above
 # the wait plus the lease, so that a copy asleep before its in-flight retry is left alone.
@@ -77,6 +78,18 @@ async def charge_closed(event_id: str, amount: int) -> Receipt:
 async def charge_at_most_once(event_id: str, amount: int) -> Receipt:
     """Charge at most once per event id: never again after an attempt that ended without a result."""
     return await asyncio.to_thread(charge_card, event_id, amount)
+
+
+@broker.task(task_name="jobs.taskiq.steps")
+@idempotent_task(claims, key="event_id", lease=LEASE, ttl=600, namespace="jobs.taskiq.steps", checkpoints=True)
+async def steps(event_id: str) -> dict[str, object]:
+    """Four checkpointed steps (in a thread, each checkpoint sent on this loop): a redelivery resumes after the last."""
+    claim, loop = current_claim(), asyncio.get_running_loop()
+
+    def save(value: str) -> object:
+        return asyncio.run_coroutine_threadsafe(claim.checkpoint(value), loop).result()  # type: ignore[arg-type]
+
+    return await asyncio.to_thread(checkpointed_steps, event_id, save=save)
 
 
 @broker.task(task_name="jobs.taskiq.tick")
