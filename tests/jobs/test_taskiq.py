@@ -34,7 +34,7 @@ if not IN_CI:
 
 import redis
 
-from goblin_claim import Claim, Completed, InterruptedWorkError
+from goblin_claim import Claim, Completed
 from goblin_claim._events import key_digest
 from goblin_claim._handle import CHECKPOINT_SUFFIX
 
@@ -249,9 +249,7 @@ def test_at_most_once_a_killed_worker_s_redelivery_is_acked_and_never_rerun(
     wait_until(lambda: f"key {digest} of jobs.taskiq.charge_amo" in running.text(), 10, "the WARNING line")
     line = next(line for line in running.text().splitlines() if f"key {digest} of" in line)
     assert "acked without running the work" in line
-    assert event not in line
-    with pytest.raises(InterruptedWorkError):
-        asyncio.run(app.charge_at_most_once(event, 900))  # called directly: the caller is told
+    assert event not in line  # (called directly it raises: test_job_doors_in_process.py, on taskiq's own broker)
 
 
 def test_a_killed_checkpointed_task_resumes_after_its_last_checkpoint(
