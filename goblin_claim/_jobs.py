@@ -1,7 +1,7 @@
 """The job-queue rule, written once for every queue integration.
 
 A job queue delivers at least once: a duplicate message, a redelivery after a
-crash, a visibility timeout. Each integration (Celery, RQ, Dramatiq, arq) wraps
+crash, a visibility timeout. Each integration (Celery, RQ, Dramatiq, arq, taskiq, Huey) wraps
 the job's function in ``@idempotent`` through ``job_function``; a copy that finds
 the work in flight elsewhere waits for it in its worker slot, woken by the first
 copy's completion, but never past the holder's lease left (``wait_bound``), and
@@ -60,6 +60,7 @@ __all__ = [
     "call_with_first",
     "current_first",
     "job_function",
+    "lapse_delay",
     "plain_result",
     "retry_delay",
     "split_options",
@@ -104,6 +105,15 @@ def wait_bound(wait: float, retry_after: float | None, lease: int) -> float:
     if wait == 0:
         return 0.0
     return min(wait, _past_the_lapse(retry_after, lease))
+
+
+def lapse_delay(lease: int) -> float:
+    """Seconds from a claim taken now until just past its lapse: when a crashed owner's claim is free.
+
+    What a queue that never redelivers a killed worker's job waits before its own copy
+    of the job runs (Huey's door keeps one in the queue's schedule while the job runs).
+    """
+    return _past_the_lapse(float(lease), lease)
 
 
 def _past_the_lapse(left: float | None, lease: int) -> float:

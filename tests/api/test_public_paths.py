@@ -49,6 +49,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "goblin_claim.dramatiq": ("Idempotency",),
     "goblin_claim.arq": ("idempotent_job",),
     "goblin_claim.faststream": ("idempotent_handler",),
+    "goblin_claim.taskiq": ("idempotent_task",),
+    "goblin_claim.huey": ("idempotent_task",),
     "goblin_claim.otel": ("instrument", "uninstrument"),
     "goblin_claim.testing": ("fake_async_redis", "fake_async_valkey", "fake_redis", "fake_valkey"),
 }  # fmt: skip
@@ -62,10 +64,12 @@ LOGGERS = {
     "goblin_claim.dramatiq",
     "goblin_claim.events",
     "goblin_claim.faststream",
+    "goblin_claim.huey",
     "goblin_claim.idempotent",
     "goblin_claim.keepalive",
     "goblin_claim.rq",
     "goblin_claim.server",
+    "goblin_claim.taskiq",
     "goblin_claim.wakeup",
     "goblin_claim.wsgi",
 }

@@ -44,6 +44,8 @@ USES: dict[str, str] = {
     "dramatiq": "import goblin_claim.dramatiq",
     "arq": "import goblin_claim.arq",
     "faststream": "import goblin_claim.faststream",
+    "taskiq": "import goblin_claim.taskiq",
+    "huey": "import goblin_claim.huey",
     "otel": "import goblin_claim.otel\ngoblin_claim.otel.instrument()",
     "testing": """
         from goblin_claim import Claim, Claimed

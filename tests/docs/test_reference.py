@@ -27,6 +27,8 @@ PUBLIC_MODULES = [
     "goblin_claim.dramatiq",
     "goblin_claim.arq",
     "goblin_claim.faststream",
+    "goblin_claim.taskiq",
+    "goblin_claim.huey",
 ]
 
 

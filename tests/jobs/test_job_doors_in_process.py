@@ -1,5 +1,7 @@
 """The job doors in process, on fakeredis: Celery eagerly, Dramatiq on a StubBroker, arq as arq calls it, FastStream.
 
+Also taskiq on its in-memory broker, and Huey's deliveries through ``huey.execute``.
+
 Their option checks, a task that fails for good under enqueue_once, the in-flight
 retry of an arq job without a job id, an arq job cancelled when its claim is lost, and an
 interrupted key acked (or raised to a direct caller) under at_most_once; FastStream's handler under
@@ -9,6 +11,8 @@ its test broker.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import inspect
 import logging
 import time
 from typing import Any
@@ -34,6 +38,8 @@ celery = pytest.importorskip("celery")
 dramatiq = pytest.importorskip("dramatiq")
 arq = pytest.importorskip("arq")
 pytest.importorskip("faststream")
+pytest.importorskip("taskiq")
+pytest.importorskip("huey")
 
 from dramatiq.brokers.stub import StubBroker  # noqa: E402
 from faststream import Logger  # noqa: E402
@@ -425,3 +431,193 @@ def test_faststream_def_handler_replies_to_a_duplicate_request_with_the_first_re
 
     assert asyncio.run(scenario()) == ["charged evt-14 (run 1)"] * 2
     assert runs == ["evt-14"]
+
+
+# --------------------------------------------------------------------------- taskiq
+
+
+def test_taskiq_refuses_a_plain_def_and_keeps_the_tasks_parameters() -> None:
+    """A plain def is refused; an async def keeps its parameters, plus the keyword taskiq fills with its Context."""
+    from taskiq import Context
+
+    from goblin_claim.taskiq import idempotent_task as taskiq_task
+
+    with pytest.raises(TypeError, match=r"goblin_claim.taskiq runs coroutine functions: .*charge is not an async def"):
+
+        @taskiq_task(fake_async_redis(native=False), key="event_id")
+        def charge(event_id: str) -> str:
+            return event_id
+
+    @taskiq_task(fake_async_redis(native=False), key="event_id")
+    async def refund(event_id: str, *rest: int, **extra: str) -> str:
+        return event_id
+
+    params = inspect.signature(refund).parameters
+    assert list(params) == ["event_id", "rest", "goblin_claim_context", "extra"]  # before **extra: a valid signature
+    assert params["goblin_claim_context"].annotation is Context
+
+
+def test_taskiq_acks_an_interrupted_key_and_raises_to_a_direct_caller(caplog: pytest.LogCaptureFixture) -> None:
+    """In-memory broker: an at-most-once delivery of an interrupted key ends None, logged; called directly, raises."""
+    from taskiq import InMemoryBroker
+
+    from goblin_claim.taskiq import idempotent_task as taskiq_task
+
+    async def scenario() -> tuple[Any, list[str]]:
+        client = fake_async_redis(native=False)
+        broker = InMemoryBroker()
+        ns = unique("taskiq")
+        runs: list[str] = []
+
+        @broker.task(task_name=ns)
+        @taskiq_task(client, key="event_id", namespace=ns, wait=0, at_most_once=True)
+        async def charge(event_id: str) -> str:
+            runs.append(event_id)
+            return event_id
+
+        held = AsyncClaim(client, "evt-10", namespace=ns, lease=1, at_most_once=True)
+        assert isinstance(await held.acquire(), Claimed)
+        await asyncio.sleep(1.1)
+        await broker.startup()
+        try:
+            with caplog.at_level(logging.WARNING, logger="goblin_claim.taskiq"):
+                result = await (await charge.kiq("evt-10")).wait_result(timeout=10)
+            with pytest.raises(InterruptedWorkError):
+                await charge("evt-10")
+        finally:
+            await broker.shutdown()
+            await client.aclose()
+        return result, runs
+
+    result, runs = asyncio.run(scenario())
+    assert not result.is_err
+    assert result.return_value is None
+    assert runs == []
+    acked = [r.name for r in caplog.records if "acked without running the work" in r.getMessage()]
+    assert acked == ["goblin_claim.taskiq"]
+
+
+def test_a_taskiq_task_called_directly_in_flight_raises_with_the_lease_left() -> None:
+    """Called directly (no delivery to send again) while another holds the key: StillInFlightError, nothing runs."""
+    from goblin_claim.taskiq import idempotent_task as taskiq_task
+
+    async def scenario() -> None:
+        client = fake_async_redis(native=False)
+        ns = unique("taskiq")
+        runs: list[str] = []
+
+        @taskiq_task(client, key="event_id", namespace=ns, wait=0)
+        async def charge(event_id: str) -> str:
+            runs.append(event_id)
+            return event_id
+
+        assert isinstance(await AsyncClaim(client, "evt-11", namespace=ns, lease=30).acquire(), Claimed)
+        with pytest.raises(StillInFlightError) as caught:
+            await charge("evt-11")
+        assert caught.value.retry_after is not None
+        assert 0 < caught.value.retry_after <= 30
+        assert runs == []
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+# --------------------------------------------------------------------------- Huey
+
+
+def _fake_huey() -> Any:
+    """A RedisHuey on fakeredis, its messages and results as JSON."""
+    from huey import RedisHuey
+
+    from tests.support.apps.jobs.huey_app import JSONSerializer
+
+    return RedisHuey(
+        unique("huey"), connection_pool=fake_redis(native=False).connection_pool, serializer=JSONSerializer()
+    )
+
+
+def test_huey_needs_a_redis_huey() -> None:
+    """A Huey whose storage is not Redis is refused: the copy a killed consumer leaves lives in Redis's schedule."""
+    from huey import MemoryHuey
+
+    from goblin_claim.huey import idempotent_task as huey_task
+
+    with pytest.raises(TypeError, match=r"goblin_claim\.huey needs a RedisHuey, not MemoryHuey"):
+        huey_task(MemoryHuey(), key="event_id")
+
+
+def test_a_huey_delivery_keeps_its_copy_only_while_it_runs() -> None:
+    """A delivery schedules its copy (same id, due past the lease), takes it back as it ends; an interrupt keeps it."""
+    from goblin_claim.huey import idempotent_task as huey_task
+
+    huey = _fake_huey()
+    seen: list[int] = []
+    stop = {"now": False}
+
+    @huey_task(huey, key="event_id", namespace=unique("huey"), lease=5, huey_options={"name": unique("charge")})
+    def charge(event_id: str) -> str:
+        seen.append(huey.scheduled_count())
+        if stop["now"]:
+            raise KeyboardInterrupt  # the consumer stopping mid-task
+        return f"charged {event_id}"
+
+    task = charge.s("evt-12")
+    assert huey.execute(task) == "charged evt-12"
+    assert seen == [1]  # its copy, while it ran
+    assert huey.scheduled_count() == 0  # taken back as it ended
+    assert huey.result(task.id) == "charged evt-12"
+
+    stop["now"] = True
+    stopped = charge.s("evt-13")
+    huey.execute(stopped)  # Huey catches the interrupt: the task is not finished
+    [left] = huey.scheduled()
+    assert left.id == stopped.id
+    assert left.args == ["evt-13"]  # the same task, for the next consumer's scheduler
+    delay = (left.eta - datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)).total_seconds()
+    assert 4 < delay <= 5.1  # just past the 5 s lease
+
+
+def test_huey_acks_an_interrupted_key_and_call_local_raises(caplog: pytest.LogCaptureFixture) -> None:
+    """An at-most-once delivery of an interrupted key completes without running, logged; call_local raises."""
+    from goblin_claim.huey import idempotent_task as huey_task
+
+    huey = _fake_huey()
+    client = huey.storage.conn
+    ns = unique("huey")
+    runs: list[str] = []
+
+    @huey_task(huey, key="event_id", namespace=ns, at_most_once=True, huey_options={"name": unique("once")})
+    def once(event_id: str) -> str:
+        runs.append(event_id)
+        return event_id
+
+    _interrupted(client, ns, "evt-14")
+    with caplog.at_level(logging.WARNING, logger="goblin_claim.huey"):
+        assert huey.execute(once.s("evt-14")) is None
+    assert huey.scheduled_count() == 0
+    with pytest.raises(InterruptedWorkError):
+        once.call_local("evt-14")
+    assert runs == []
+    acked = [r.name for r in caplog.records if "acked without running the work" in r.getMessage()]
+    assert acked == ["goblin_claim.huey"]
+
+
+def test_a_huey_delivery_in_flight_is_retried_after_the_lease_left_without_spending_a_retry() -> None:
+    """A delivery finding the key held raises RetryTask: Huey reschedules the task after the lease left, none spent."""
+    from goblin_claim.huey import idempotent_task as huey_task
+
+    huey = _fake_huey()
+    ns = unique("huey")
+
+    @huey_task(huey, key="event_id", namespace=ns, wait=0, huey_options={"name": unique("held"), "retries": 1})
+    def held(event_id: str) -> str:
+        return event_id
+
+    assert isinstance(Claim(huey.storage.conn, "evt-15", namespace=ns, lease=20).acquire(), Claimed)
+    task = held.s("evt-15")
+    huey.execute(task)
+    [again] = huey.scheduled()  # the retry alone: the delivery's own copy was taken back
+    assert again.id == task.id
+    assert again.retries == 1  # none spent
+    delay = (again.eta - datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)).total_seconds()
+    assert 15 < delay <= 20.1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import redis
 import redis.asyncio
@@ -72,19 +73,21 @@ def charge_card(event_id: str, amount: int) -> Receipt:
     return Receipt(event_id=event_id, amount=amount, charge_number=number)
 
 
-def checkpointed_steps(event_id: str, steps: int = 4) -> dict[str, object]:
+def checkpointed_steps(event_id: str, steps: int = 4, save: Callable[[str], object] | None = None) -> dict[str, object]:
     """Steps, each counted (``step:<id>:<n>``) then checkpointed; resumed after the last checkpoint.
 
     ``pause:step<n>:<id>`` pauses the first run after step n's checkpoint (the test kills it there).
+    ``save`` checkpoints instead of the claim's own ``checkpoint`` (an asyncio claim's, from a thread).
     """
     claim = current_claim()
+    save = save or claim.checkpoint
     saved = claim.last_checkpoint
     resumed = None if saved is None else int(saved)
     client = data()
     client.rpush(f"pids:{event_id}", os.getpid())
     for step in range(1 if resumed is None else resumed + 1, steps + 1):
         client.incr(f"step:{event_id}:{step}")
-        claim.checkpoint(str(step))
+        save(str(step))
         _pause(client, f"pause:step{step}:{event_id}", event_id)
     return {"event_id": event_id, "resumed_after": resumed}
 
