@@ -2,10 +2,11 @@
 
 Each door serves its test service (``tests/support/apps``) as users deploy it: the
 bare WSGI app, Flask and Django under gunicorn (one gthread worker, so a duplicate
-is answered while the first request runs), the bare ASGI app and Django under
-uvicorn, each with ``at_most_once``, ``expose_holder`` and a 2 s lease. The view
-records its process and works 30 s; the test kills that process with SIGKILL (under
-uvicorn the server itself, then serves the app again). A duplicate while the first
+is answered while the first request runs), the aiohttp app under gunicorn's aiohttp
+worker, the bare ASGI app and Django under uvicorn, each with ``at_most_once``,
+``expose_holder`` and a 2 s lease. The view records its process and works 30 s;
+the test kills that process with SIGKILL (under uvicorn the server itself, then
+serves the app again). A duplicate while the first
 runs is answered 409 in flight, with ``Retry-After`` and the holder; once the dead
 worker's lease ends, 409 interrupted, without ``Retry-After``, naming the same
 holder and when it claimed; the view ran once and never finished.
@@ -31,7 +32,7 @@ from tests.conftest import IN_CI, unique
 from tests.support import servers
 from tests.support.asgi_server import serve_gunicorn, serve_process
 
-for _needed in ("django", "flask", "gunicorn", "uvicorn"):
+for _needed in ("django", "flask", "gunicorn", "uvicorn", "aiohttp"):
     if IN_CI:
         importlib.import_module(_needed)
     else:
@@ -45,6 +46,7 @@ DOORS = {
     "flask": ("gunicorn", "tests.support.apps.flask_app:create_app()"),
     "django-wsgi": ("gunicorn", "tests.support.apps.django_app.door_wsgi:application"),
     "django-asgi": ("uvicorn", "tests.support.apps.django_app.door_asgi:application"),
+    "aiohttp": ("gunicorn-aiohttp", "tests.support.apps.aiohttp_app:application"),
 }
 
 
@@ -54,6 +56,9 @@ def serve(door: str, env: dict[str, str]) -> Iterator[str]:
     server, target = DOORS[door]
     if server == "gunicorn":
         with serve_gunicorn(target, env=env, worker="gthread", workers=1, threads=8) as url:
+            yield url
+    elif server == "gunicorn-aiohttp":  # one asyncio worker serves the duplicate while the first runs
+        with serve_gunicorn(target, env=env, worker="aiohttp.GunicornWebWorker", workers=1) as url:
             yield url
     else:
         with serve_process(target, env=env, lifespan="off") as url:
@@ -111,7 +116,7 @@ def test_a_worker_killed_mid_request_is_never_run_again(door: str, redis_standal
             assert holder
             assert "." not in holder  # the token, without the request's fingerprint
             os.kill(int(counters.lindex(pids, 0)), signal.SIGKILL)  # type: ignore[arg-type]
-            if DOORS[door][0] == "gunicorn":  # the arbiter starts a new worker
+            if DOORS[door][0].startswith("gunicorn"):  # the arbiter starts a new worker
                 answers = [interrupted(url, key), post(url, key)]
         if DOORS[door][0] == "uvicorn":  # the server died with its only process: serve the app again
             with serve(door, env) as url:

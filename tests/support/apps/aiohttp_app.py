@@ -81,6 +81,9 @@ application = web.Application(
             namespace=NAMESPACE,
             scope=lambda request: request.headers.get("X-User"),
             wait=float(os.environ.get("GOBLIN_TEST_WAIT", "0")),
+            lease=int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
+            at_most_once=os.environ.get("GOBLIN_TEST_AT_MOST_ONCE") == "1",
+            expose_holder=os.environ.get("GOBLIN_TEST_EXPOSE_HOLDER") == "1",
         )
     ]
 )
