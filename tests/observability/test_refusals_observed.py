@@ -18,7 +18,6 @@ import pytest
 import redis
 import redis.asyncio
 
-import goblin_claim
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, idempotent
 from goblin_claim._clients.transport import state_of
 from goblin_claim._events import Event
@@ -31,21 +30,22 @@ Start = Callable[..., RedisProcess]
 
 
 @pytest.fixture
-def events() -> Iterator[list[Event]]:
-    """Every event while the test runs (appending to a list is atomic across the renewer's threads)."""
-    seen: list[Event] = []
-    goblin_claim.add_listener(seen.append)
-    yield seen
-    goblin_claim.remove_listener(seen.append)
-
-
-@pytest.fixture
 def client(own_server: Start) -> Iterator[redis.Redis]:
     """A sync client on a server of this test's own, probed and with its scripts loaded."""
     made = own_server().client()
     Claim(made, unique()).acquire()
     yield made
     made.close()
+
+
+def _renewed_three_times(claim: Claim) -> None:
+    """Keep ``claim`` alive (every 0.1 s) until three renewals succeeded: none may find it lost."""
+    with claim.keep_alive(interval=0.1) as keeper:
+        deadline = time.monotonic() + 10
+        while keeper.renewals < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert keeper.renewals >= 3
+    assert not keeper.lost
 
 
 def _notices(events: list[Event], key: str) -> list[tuple[str, str]]:
@@ -122,12 +122,7 @@ def test_a_flush_under_a_keep_alive_is_reloaded_and_reported_as_the_drivers_do(
     claim = Claim(client, unique(), lease=30)
     assert isinstance(claim.acquire(), Claimed)
     client.script_flush()
-    with claim.keep_alive(interval=0.1) as keeper:
-        deadline = time.monotonic() + 10
-        while keeper.renewals < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-    assert keeper.renewals >= 3
-    assert not keeper.lost
+    _renewed_three_times(claim)
     assert _notices(events, claim.key) == [("script_reload", "reloaded")]
     assert sum(p.value for p in otel.points("goblin_claim.script_reloads")) == 1
     renewals = [e for e in events if e.key == claim.key and e.operation == "renew"]
@@ -192,12 +187,7 @@ def test_a_keep_alive_whose_set_ifeq_is_refused_falls_back_and_reports_it(
     state = state_of(client)
     assert state.native is not None
     state.native = state.native | {SET_IFEQ}  # Redis 7 answers SET ... IFEQ with a syntax error
-    with claim.keep_alive(interval=0.1) as keeper:
-        deadline = time.monotonic() + 10
-        while keeper.renewals < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-    assert keeper.renewals >= 3
-    assert not keeper.lost
+    _renewed_three_times(claim)
     assert SET_IFEQ not in state.native  # the script from now on
     assert _notices(events, claim.key) == [("native_fallback", "owner_check")]
     assert sum(p.value for p in otel.points("goblin_claim.native_fallbacks")) == 1
