@@ -83,7 +83,7 @@ from .._errors import (
     ServerUnavailableError,
 )
 from .._protocol.checks import describe
-from .._protocol.refusals import GIVE_UP, RELOAD, RESEND, SCRIPT, path_of_sent
+from .._protocol.refusals import COMMAND, GIVE_UP, RELOAD, RESEND, SCRIPT
 from .._protocol.scripts import SET_IFEQ, Script, owner_check, owner_check_command, script_command
 from .._protocol.timing import lease_margin, renew_interval, retry_delay
 from .refused import refused
@@ -168,12 +168,13 @@ def _again(
     noticed: set[tuple[str, str]] = set()
     for i, reply in enumerate(replies):
         keeper = keepers[i]
-        what = SET_IFEQ if sent[i][0] == "SET" else SCRIPT
-        path = path_of_sent(what)
-        if isinstance(reply, RESPONSE_ERRORS):
+        # Inline, not path_of_sent: this runs for every renewal of every claim.
+        owned = sent[i][0] == "SET"
+        path = COMMAND if owned else SCRIPT
+        if isinstance(reply, BaseException) and isinstance(reply, RESPONSE_ERRORS):  # the first test is the cheap one
             claim = keeper._claim
             state = state_of(claim._client)
-            decision = refused(claim, state, what, reply, noticed)
+            decision = refused(claim, state, SET_IFEQ if owned else SCRIPT, reply, noticed)
             if decision.action == RESEND or decision.action == RELOAD:
                 again.append(i)
                 path = decision.path
