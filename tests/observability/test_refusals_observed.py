@@ -18,6 +18,7 @@ import pytest
 import redis
 import redis.asyncio
 
+import goblin_claim
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, idempotent
 from goblin_claim._clients.transport import state_of
 from goblin_claim._events import Event
@@ -231,3 +232,40 @@ def test_releases_after_the_module_is_unloaded_fall_back_and_the_work_runs_once(
         (release,) = [e for e in events if e.operation == "release"]
         assert (release.outcome, release.path) == ("released", "script")
     assert [e.path for e in events if e.operation == "acquire"][1:] == ["script"] * 3
+
+
+def test_a_batch_reports_one_reload_for_all_its_keys(client: redis.Redis, events: list[Event]) -> None:
+    """acquire_many after SCRIPT FLUSH: every key lands through EVAL; the round reports one reload, on its first key."""
+    keys = [unique() for _ in range(3)]
+    client.script_flush()
+    batch = Claim.acquire_many(client, keys, native="never")
+    assert all(isinstance(outcome, Claimed) for _, outcome in batch)
+    assert [(e.key, e.operation) for e in events if e.operation == "script_reload"] == [(keys[0], "script_reload")]
+    assert [e.path for e in events if e.operation == "acquire_many"] == ["script"] * 3
+
+
+def test_renewals_and_release_many_refused_scripting_give_up_with_the_handle_s_error(
+    own_server: Start, events: list[Event]
+) -> None:
+    """An ACL without scripting (Redis 7): renewals and release_many say what to grant, as extend() and release() do."""
+    server = own_server()
+    admin = server.client()
+    admin.execute_command("ACL SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-@scripting")
+    client = server.client(username="app", password="pw")
+    try:
+        claim = Claim(client, unique(), lease=2)
+        assert isinstance(claim.acquire(), Claimed)  # SET ... NX GET: no script needed
+        with claim.keep_alive(interval=0.1) as keeper:
+            deadline = time.monotonic() + 10
+            while keeper._error is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert isinstance(keeper._error, goblin_claim.ServerError)
+        assert "grant +@scripting" in str(keeper._error)
+        with pytest.raises(goblin_claim.ServerError, match=r"grant \+@scripting"):
+            claim.release()
+        with pytest.raises(goblin_claim.ServerError, match=r"grant \+@scripting"):
+            Claim.release_many(client, [claim])
+    finally:
+        client.close()
+        admin.close()
+    assert not [e for e in events if e.operation in ("script_reload", "native_fallback")]
