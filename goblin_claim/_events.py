@@ -46,21 +46,7 @@ from ._errors import (
     StillInFlightError,
 )
 from ._outcomes import Claimed, Completed, InFlight
-from ._protocol.scripts import (
-    CLAIM,
-    COMPLETE,
-    DELEX,
-    DELIFEQ,
-    EXTEND,
-    FORGET,
-    NATIVE_COMMANDS,
-    RELEASE,
-    SET_IFEQ,
-    SET_NX_GET,
-    Script,
-    native_command,
-    owner_check,
-)
+from ._protocol.scripts import DELEX, DELIFEQ, NATIVE_COMMANDS, SET_IFEQ, SET_NX_GET
 
 __all__ = [
     "NOTICES",
@@ -238,24 +224,6 @@ def namespace_of(claim: Any) -> str | None:
     return namespace if tagged else None
 
 
-def path_of(claim: Any, script: Script | None) -> str | None:
-    """How ``claim``'s client sends ``script`` now: "command", "native" or "script"; ``None`` before any probe."""
-    if script is None:
-        return "script"
-    from ._clients.transport import state_of  # the drivers import this module: no cycle at import time
-
-    available = state_of(claim._client).native
-    if available is None:
-        return None
-    try:
-        native = native_command(claim._native, available, script, claim.key)  # raises first, as the drivers do
-    except GoblinClaimError:
-        return None
-    if owner_check(claim._native, available, script) is not None:
-        return "command"
-    return "native" if native else "script"
-
-
 # The outcome an error comes to, the first class it is an instance of deciding.
 _ERROR_OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
     (StillInFlightError, "wait_timeout"),
@@ -333,18 +301,23 @@ class Op:
     """
 
     __slots__ = (
-        "_handle", "_log", "_script", "_seen", "_token", "claim", "error", "fence", "final", "operation", "outcome",
+        "_handle", "_log", "_of_claim", "_seen", "_token", "claim", "error", "fence", "final", "operation", "outcome",
         "started",
     )  # fmt: skip
 
-    def __init__(self, operation: str, claim: Any, script: Script | None = CLAIM) -> None:
+    def __init__(self, operation: str, claim: Any, of_claim: bool = True) -> None:
         self.operation = operation
         self.claim = claim
+        # The path reported is the one the driver recorded (ClaimBase._went): the claim's, or the operation's own.
+        self._of_claim = of_claim
+        if of_claim:
+            claim._claim_path = None
+        else:
+            claim._path = None
         self.outcome: str | None = None
         self.final = False  # the outcome stands even if the operation raises (the function's own error)
         self.fence: int | None = None
         self.error: BaseException | None = None
-        self._script = script
         self._log = _LOGS.get(operation, _CLAIM_LOG)
         self._seen: str | None = None  # for a request: the last outcome of a claim operation inside it
         self._token = _REQUEST.set(self) if operation == "request" else None
@@ -398,21 +371,12 @@ class Op:
             if request is not None and self.outcome is not None:
                 request._seen = self.outcome
         claim = self.claim
-        script = self._script
-        if script is CLAIM:
-            script = claim._claim_call()[0]
-        elif script is EXTEND:
-            script = claim._extend_script  # an at-most-once record's is always the script
-        elif script is RELEASE:
-            script = claim._release_script
-        elif script is COMPLETE:
-            script = claim._store_script  # SET ... IFEQ where the record is plain and the server has it
         event = Event(
             self.operation,
             self.outcome or self._seen or "error",
             namespace_of(claim),
             claim.key,
-            path_of(claim, script),
+            claim._claim_path if self._of_claim else claim._path,
             duration,
             self.fence,
             self.error,
@@ -491,16 +455,8 @@ def observing(operation: str, claim: Any) -> Op | _NoOp:
 
 # The server's own commands the probe may find (PEXPIRETIME, a marker, left out).
 _OWN_COMMANDS: Final = (SET_NX_GET, SET_IFEQ, DELIFEQ, DELEX)
-# Which script each driver operation sends (None: always a script, no native form).
-_SCRIPTS: dict[str, Script | None] = {
-    "acquire": CLAIM,
-    "wait": CLAIM,
-    "complete": COMPLETE,  # SET ... IFEQ where the server has it
-    "extend": EXTEND,  # SET ... IFEQ where the server has it
-    "release": RELEASE,
-    "forget": FORGET,
-    "checkpoint": None,
-}
+# The driver operations whose event reports the claim's path; the others report their own call's.
+_OF_CLAIM: Final = frozenset({"acquire", "wait"})
 _RESULTS: dict[str, Callable[[object], str | None]] = {
     "complete": lambda _: "completed",
     "extend": lambda _: "claimed",
@@ -539,7 +495,7 @@ def observe(operation: str) -> Callable[[F], F]:
     Works on ``def`` and ``async def`` alike, so ``_drivers/sync.py`` and its generated
     twin carry the same line.
     """
-    script = _SCRIPTS[operation]
+    of_claim = operation in _OF_CLAIM
     takeover = operation == "wait"
 
     def decorate(fn: F) -> F:
@@ -556,7 +512,7 @@ def observe(operation: str) -> Callable[[F], F]:
                     if takeover and type(result) is Claimed:
                         _quiet_takeover(self, result)
                     return result
-                with Op(operation, self, script) as op:
+                with Op(operation, self, of_claim) as op:
                     return _finish(op, await fn(self, *args, **kwargs))
 
             return run_async  # type: ignore[return-value]  # the same signature, by wraps
@@ -572,7 +528,7 @@ def observe(operation: str) -> Callable[[F], F]:
                 if takeover and type(result) is Claimed:
                     _quiet_takeover(self, result)
                 return result
-            with Op(operation, self, script) as op:
+            with Op(operation, self, of_claim) as op:
                 return _finish(op, fn(self, *args, **kwargs))
 
         return run  # type: ignore[return-value]  # the same signature, by wraps
@@ -646,7 +602,7 @@ def _end_batch(
             fence = outcome.fence if isinstance(outcome, Claimed) else None
             error = None
         event = Event(
-            "acquire_many", name, namespace_of(claim), claim.key, path_of(claim, claim._claim_call()[0]),
+            "acquire_many", name, namespace_of(claim), claim.key, claim._claim_path,
             duration, fence, error,
         )  # fmt: skip
         emit(_CLAIM_LOG, event)
@@ -671,12 +627,14 @@ def live_keepers() -> int:
     return sum(1 for keeper in list(_keepers) if not keeper._stopped)
 
 
-def renewal(claim: Any, outcome: str, duration: float | None, context: object, error: BaseException | None) -> None:
+def renewal(
+    claim: Any, outcome: str, duration: float | None, context: object, error: BaseException | None, path: str | None
+) -> None:
     """A keep-alive renewal's event: ``claimed`` (renewed), ``lease_lost`` or ``unavailable`` (retried).
 
+    ``path`` is the one the keep-alive's last renewal took (``None`` before any).
     A lost lease and a failing renewal are logged at WARNING whether or not anything observes.
     """
-    path = path_of(claim, claim._extend_script)  # SET ... IFEQ where the server has it
     event = Event("renew", outcome, namespace_of(claim), claim.key, path, duration, None, error)
     if outcome == "unavailable":
         _RENEW_LOG.warning(

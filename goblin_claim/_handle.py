@@ -138,6 +138,7 @@ class ClaimBase(Generic[ClientT]):
 
     __slots__ = (
         "_checkpoint_key",
+        "_claim_path",
         "_client",
         "_fence",
         "_fence_key",
@@ -148,6 +149,7 @@ class ClaimBase(Generic[ClientT]):
         "_made_token",
         "_mine_until",
         "_native",
+        "_path",
         "_replica_timeout_ms",
         "_replicas",
         "claim_key",
@@ -258,6 +260,9 @@ class ClaimBase(Generic[ClientT]):
         self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
         self._fence: int | None = None  # the fence of the claim this handle holds or last held
         self._keeper: Any = None  # the keep-alive renewing this handle's claim, for ensure_held()
+        # How the last claim, and the last other call, went to the server (see _went); None: not yet.
+        self._claim_path: str | None = None
+        self._path: str | None = None
         self.last_checkpoint: bytes | str | None = None
 
     @classmethod
@@ -346,6 +351,19 @@ class ClaimBase(Generic[ClientT]):
         return f"{type(self).__name__}(key={self.key!r}, token={self.token!r}, lease={self.lease}, ttl={self.ttl})"
 
     # -- what to send, and what the replies mean
+
+    def _went(self, script: Script, path: str) -> None:
+        """Record how a call of ``script`` went to the server, for its event (``Event.path``).
+
+        ``path`` is ``"command"``, ``"native"`` or ``"script"`` (``_protocol.refusals``):
+        what the driver sent, or the script once a refusal sent it instead. A claim's
+        is kept apart from the other calls', as a decorated call's event reports its
+        claim's whatever its store took.
+        """
+        if script.name == "claim":
+            self._claim_path = path
+        else:
+            self._path = path
 
     @property
     def _both_keys(self) -> str:

@@ -51,13 +51,17 @@ from .._outcomes import Claimed, Completed, InFlight, Outcome
 from .._protocol.checks import NativeMode
 from .._protocol.probe import PROBE_ARGS, PROBE_COMMAND, native_from_command_table, native_from_probe
 from .._protocol.refusals import (
-    is_out_of_memory,
-    is_scripting_refused,
-    is_unknown_command,
-    owner_check_unusable,
-    without_owner_check,
+    COMMAND,
+    GIVE_UP,
+    NATIVE,
+    RELOAD,
+    RESEND,
+    SCRIPT,
+    after_refusal,
+    path_of_sent,
 )
 from .._protocol.scripts import (
+    NATIVE_COMMANDS,
     PEEK,
     SCRIPTS,
     SET_IFEQ,
@@ -72,6 +76,7 @@ from .._protocol.scripts import (
 from .._protocol.timing import WaitSchedule
 from ._aio_primitives import load_commands, raise_if_cancelled, sleep, wakeups
 from .keepalive import AsyncKeepAlive
+from .refused import refused
 from .wakeup import wake_kind
 
 if TYPE_CHECKING:
@@ -494,6 +499,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             if is_reshaping(reply):  # its slot is moving: released alone, while the lease lasts
                 replies[i] = await handles[i].release()
         for handle, reply in zip(handles, replies, strict=True):
+            if isinstance(reply, GoblinClaimError):  # a script this user may not run (_refused_in_batch)
+                raise reply
             if isinstance(reply, ERRORS):
                 raise translate(reply, handle.key, handle.claim_key) from reply
         return [bool(reply) for reply in replies]
@@ -640,7 +647,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         After a claim by SET ... NX GET, without a script: GET, PTTL and PEXPIRETIME of
         the record in one round trip (``ClaimBase._by_command``); else peek.lua.
         """
-        if owner_check(self._native, state_of(self._client).native, self._claim_call()[0]) == SET_NX_GET:
+        if self._claim_path == COMMAND:  # the claim went as SET ... NX GET (the claim's only owner check)
             read = await self._plain(self._peek_commands(), self._both_keys)
             return self._by_command(read[0], read[1:], taken=False)
         return await self._call(PEEK, (self.claim_key, self.result_key), self._both_keys)
@@ -718,6 +725,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         client = self._client
         state = state_of(client)
+        sent = SCRIPT
         try:
             if not state.ready:
                 await _prepare(client, state)
@@ -725,6 +733,8 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             check = owner_check(self._native, state.native, script)
             command = owner_check_command(check, args, script) if check else (native, *args) if native else None
             if command is not None:
+                sent = check or NATIVE
+                self._went(script, COMMAND if check else NATIVE)
                 try:
                     if check == SET_NX_GET:
                         if not reads:
@@ -740,28 +750,21 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                         reply = await _announcing(client, command, announce)
                     return reply if check is None else owner_check_reply(check, script, reply)
                 except (*RESPONSE_ERRORS, *CLUSTER_ERRORS) as exc:
-                    if check is not None:
-                        if owner_check_unusable(exc) and state.native is not None:
-                            state.native = without_owner_check(state.native, check, exc)  # the script from now on
-                            _events.notice(self, "native_fallback", "owner_check")
-                        elif not is_out_of_memory(exc):  # SET refused under maxmemory, EXPIRE not: the script, once
-                            raise  # WRONGTYPE, a failover...: what the script would answer too
-                    elif self._native == "always" or not is_unknown_command(exc):
-                        raise
-                    else:
-                        # This node lacks the module after all: scripts from now on.
-                        state.native = frozenset()
-                        _events.notice(self, "native_fallback", "fell_back")
+                    if refused(self, state, sent, exc).action != RESEND:
+                        raise  # WRONGTYPE, a failover...: what the script would answer too
+                    sent = SCRIPT
                     meanwhile = None  # it ran with the refused command
                     _unrun(sends)
+            self._went(script, SCRIPT)
             args += script_only
             try:
                 return await _send(client, state.direct, script_command(script, args), meanwhile, sends)
-            except NO_SCRIPT:
+            except NO_SCRIPT as exc:
                 # A flushed or restarted server: EVAL runs the script and caches it
                 # again, one extra round trip instead of SCRIPT LOAD plus EVALSHA.
+                if refused(self, state, SCRIPT, exc).action != RELOAD:
+                    raise
                 _unrun(sends)
-                _events.notice(self, "script_reload", "reloaded")
                 return await _send(client, state.direct, script_command(script, args, source=True), sends=sends)
         except UnicodeDecodeError as exc:
             # A decode_responses client reading bytes someone else stored.
@@ -769,7 +772,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            if is_scripting_refused(exc):
+            if after_refusal(sent, exc, False, self._native, state.native).action == GIVE_UP:
                 raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise await failed_async(client, exc, self.key, keys) from exc
 
@@ -817,11 +820,11 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 await _prepare(client, state)
             wait = ("WAIT", self._replicas, self._replica_timeout_ms)
             command = script_command(script, args)
+            self._went(script, SCRIPT)
             reply, acknowledged = await _waited(client, self.claim_key, [command, wait], sends)
-            if isinstance(reply, NO_SCRIPT):
+            if isinstance(reply, NO_SCRIPT) and refused(self, state, SCRIPT, reply).action == RELOAD:
                 # Nothing ran, so nothing was waited for: both again, with the source.
                 _unrun(sends)
-                _events.notice(self, "script_reload", "reloaded")
                 command = script_command(script, args, source=True)
                 reply, acknowledged = await _waited(client, self.claim_key, [command, wait], sends)
             for item in (reply, acknowledged):
@@ -830,7 +833,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            if is_scripting_refused(exc):
+            if after_refusal(SCRIPT, exc, False, self._native, state.native).action == GIVE_UP:
                 raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise await failed_async(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
@@ -975,29 +978,21 @@ async def _claim_rounds(
     own; a native nil, and an in-flight reply of SET ... NX GET, is read back.
     Each reply is the script's (``ClaimBase._by_command``), or a key's own error.
     """
-    first = handles[0]
     if not state.ready:
         await _prepare(client, state)
     commands = [handle._claim_command(state.native) for handle in handles]
     checks = [SET_NX_GET if command[0] == "SET" else None for command in commands]
     routes = [handle.claim_key for handle in handles]
     replies, acknowledged, resent = await _round(client, commands, wait, routes)
-    again = [
-        i
-        for i, reply in enumerate(replies)
-        if _needs_script(reply, first._native) or (checks[i] and _check_refused(reply))
-    ]
+    scripts = [handle._claim_call()[0] for handle in handles]
+    again = _refused_in_batch(handles, scripts, state, [_sent(command) for command in commands], replies)
     if again:
-        if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
-            state.native = _fallen_back(state.native, [(checks[i], replies[i]) for i in again])
-            module = any(checks[i] is None and not isinstance(replies[i], NO_SCRIPT) for i in again)
-            _events.notice(first, "native_fallback", "fell_back" if module else "owner_check")
-        else:
-            _events.notice(first, "script_reload", "reloaded")
         sources = [handles[i]._claim_command(state.native, source=True) for i in again]
         # The EVAL round wrote too (the first one's refused claims ran nothing): its own WAIT.
         # The EVAL round's own re-sends are not counted: the claims in it ran nothing before.
         sourced, waited, _ = await _round(client, sources, wait, [routes[i] for i in again])
+        scripted = [handles[i] for i in again]
+        _refused_in_batch(scripted, [scripts[i] for i in again], state, [SCRIPT] * len(again), sourced)
         for i, reply, count in zip(again, sourced, waited, strict=True):
             replies[i], acknowledged[i], checks[i] = reply, count, None
     for i, check in enumerate(checks):
@@ -1102,31 +1097,22 @@ async def _release_rounds(
     A release refused unrun (a lost script cache, a node without the module, an
     owner check the server cannot use) goes again as the script, in one more round.
     """
-    first = handles[0]
     if not state.ready:
         await _prepare(client, state)
     checks = [owner_check(handle._native, state.native, handle._release_script) for handle in handles]
     commands, at = _release_commands(handles, checks, state.native, wake)
     pipelined = await _pipelined(client, commands)
     replies = [pipelined[i] for i in at]
-    again = [
-        i
-        for i, reply in enumerate(replies)
-        if _needs_script(reply, handles[i]._native) or (checks[i] and _check_refused(reply))
-    ]
+    scripts = [handle._release_script for handle in handles]
+    again = _refused_in_batch(handles, scripts, state, [_sent(commands[i]) for i in at], replies)
     if again:
-        if any(not isinstance(replies[i], NO_SCRIPT) for i in again):
-            state.native = _fallen_back(state.native, [(checks[i], replies[i]) for i in again])
-            module = any(checks[i] is None and not isinstance(replies[i], NO_SCRIPT) for i in again)
-            _events.notice(first, "native_fallback", "fell_back" if module else "owner_check")
-        else:
-            _events.notice(first, "script_reload", "reloaded")
         # Refused unrun (NOSCRIPT, unknown command, ...): each runs once, as a script.
         sources = [
-            script_command(handles[i]._release_script, (handles[i].claim_key, handles[i].token, wake), source=True)
-            for i in again
+            script_command(scripts[i], (handles[i].claim_key, handles[i].token, wake), source=True) for i in again
         ]
         resent = await _pipelined(client, sources)
+        scripted = [handles[i] for i in again]
+        _refused_in_batch(scripted, [scripts[i] for i in again], state, [SCRIPT] * len(again), resent)
         for i, reply in zip(again, resent, strict=True):
             replies[i] = reply
     return replies
@@ -1155,44 +1141,52 @@ def _release_commands(
     return commands, at
 
 
-def _check_refused(reply: object) -> bool:
-    """A built-in owner check's reply that asks for the script instead (see ``Claim._call``)."""
-    return isinstance(reply, RESPONSE_ERRORS) and (owner_check_unusable(reply) or is_out_of_memory(reply))
+def _sent(command: Args) -> str:
+    """What a batch's command is, as ``after_refusal`` takes it: the script, a module command, or an owner check.
 
-
-def _fallen_back(available: frozenset[str] | None, refused: Sequence[tuple[str | None, object]]) -> frozenset[str]:
-    """What the server is known to have once the replies ``refused`` came back: (owner check or None, reply).
-
-    A refused owner check is dropped where it cannot be used at all; a refused
-    GOBLIN command (a node without the module after all) drops every native command.
+    A batch sends ``SET`` for a claim only (``SET ... NX GET``); its releases' owner
+    checks are named by their commands (``DELIFEQ``, ``DELEX``).
     """
-    left = available or frozenset()
-    for check, reply in refused:
-        if isinstance(reply, NO_SCRIPT):
-            continue
-        if check is None:
-            return frozenset()
-        if isinstance(reply, BaseException) and owner_check_unusable(reply):
-            left = without_owner_check(left, check, reply)
-    return left
+    name = command[0]
+    if name == "EVALSHA" or name == "EVAL":
+        return SCRIPT
+    if name == "SET":
+        return SET_NX_GET
+    return NATIVE if name in NATIVE_COMMANDS else str(name)
 
 
-def _needs_script(reply: object, mode: NativeMode) -> bool:
-    """A batch reply to send again as a script: a lost script cache, or a node without the module."""
-    if isinstance(reply, NO_SCRIPT):
-        return True
-    return mode != "always" and isinstance(reply, RESPONSE_ERRORS) and is_unknown_command(reply)
+def _refused_in_batch(
+    handles: Sequence[AsyncClaim], scripts: Sequence[Script], state: ClientState, sent: Sequence[str],
+    replies: list[object],
+) -> list[int]:  # fmt: skip
+    """The one rule (``refused``) on each error reply of a batch's round: the replies to send again as scripts.
+
+    ``scripts`` are the scripts the handles' commands stand for. A refusal to run
+    a script takes its reply's place as the handle's error; each notice goes out
+    once for the round, on the first handle it concerned. Each handle records the
+    path its call took (``_went``).
+    """
+    again: list[int] = []
+    noticed: set[tuple[str, str]] = set()
+    for i, reply in enumerate(replies):
+        path = path_of_sent(sent[i])
+        if isinstance(reply, RESPONSE_ERRORS):
+            decision = refused(handles[i], state, sent[i], reply, noticed)
+            if decision.action == RESEND or decision.action == RELOAD:
+                again.append(i)
+                path = decision.path
+            elif decision.action == GIVE_UP:
+                replies[i] = handles[i]._scripting_refused(scripts[i], reply, state.unprobed)
+        handles[i]._went(scripts[i], path)
+    return again
 
 
 def _batch_outcome(
     handle: AsyncClaim, reply: object, acknowledged: int | None, sent_at: float, now: float, resent: bool
 ) -> Outcome | GoblinClaimError:
-    if isinstance(reply, GoblinClaimError):  # read as the script's reply, and found wanting
+    if isinstance(reply, GoblinClaimError):  # read as the script's reply and found wanting, or a script refused
         return reply
     if isinstance(reply, ERRORS):
-        if is_scripting_refused(reply):
-            state = state_of(handle._client)
-            return handle._scripting_refused(handle._claim_call()[0], reply, state.unprobed)
         return translate(reply, handle.key, handle.result_key)
     try:
         # ``resent``: the direct round counted its re-send; a pipeline's is redis-py's, unseen.

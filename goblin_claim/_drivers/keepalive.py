@@ -73,7 +73,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, Union
 
 from .. import _events
 from .._clients.errors import failed, failed_async, translate
-from .._clients.families import ASYNC_CLUSTERS, CLUSTERS, ERRORS, NO_SCRIPT, RESPONSE_ERRORS, node_client
+from .._clients.families import ASYNC_CLUSTERS, CLUSTERS, ERRORS, RESPONSE_ERRORS, node_client
 from .._clients.transport import state_of
 from .._errors import (
     ClaimLostError,
@@ -83,9 +83,10 @@ from .._errors import (
     ServerUnavailableError,
 )
 from .._protocol.checks import describe
-from .._protocol.refusals import is_out_of_memory, owner_check_unusable
+from .._protocol.refusals import COMMAND, GIVE_UP, RELOAD, RESEND, SCRIPT
 from .._protocol.scripts import SET_IFEQ, Script, owner_check, owner_check_command, script_command
 from .._protocol.timing import lease_margin, renew_interval, retry_delay
+from .refused import refused
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -104,11 +105,14 @@ if TYPE_CHECKING:
         _native: Any
         _mine_until: float
         _keeper: Any
+        _path: str | None
 
         @property
         def _extend_script(self) -> Script: ...
 
         def _not_renewed(self, now: float) -> ClaimLostError | ServerUnavailableError: ...
+
+        def _scripting_refused(self, script: Script, cause: BaseException, unprobed: bool) -> GoblinClaimError: ...
 
     class Renewable(_Held, Protocol):
         """A sync handle: ``Claim``, which renews with ``_extend``."""
@@ -151,21 +155,32 @@ def _renewed(claims: Sequence[Renewable | AsyncRenewable]) -> list[tuple[str | b
 
 
 def _again(
-    claims: Sequence[Renewable | AsyncRenewable], sent: Sequence[tuple[object, ...]], replies: list[object]
+    keepers: Sequence[KeepAlive | AsyncKeepAlive], sent: Sequence[tuple[object, ...]], replies: list[object]
 ) -> list[int]:
-    """The renewals to send again as the script: refused unrun (NOSCRIPT, or an owner check, as ``Claim._call``)."""
+    """The renewals to send again as the script's text: refused unrun, by the rule every call follows (``refused``).
+
+    NOSCRIPT, or a ``SET ... IFEQ`` this server or user cannot take, or one refused
+    under maxmemory: the extend script instead, with the same notices as the
+    drivers'. A refusal to run the script takes its reply's place as the claim's
+    error. Each keep-alive records the path its renewal took, for its event.
+    """
     again = []
+    noticed: set[tuple[str, str]] = set()
     for i, reply in enumerate(replies):
-        if isinstance(reply, NO_SCRIPT):
-            again.append(i)
-        elif sent[i][0] == "SET" and isinstance(reply, RESPONSE_ERRORS):
-            if owner_check_unusable(reply):
-                state = state_of(claims[i]._client)
-                if state.native is not None:
-                    state.native = state.native - {SET_IFEQ}  # the script from now on
+        keeper = keepers[i]
+        # Inline, not path_of_sent: this runs for every renewal of every claim.
+        owned = sent[i][0] == "SET"
+        path = COMMAND if owned else SCRIPT
+        if isinstance(reply, BaseException) and isinstance(reply, RESPONSE_ERRORS):  # the first test is the cheap one
+            claim = keeper._claim
+            state = state_of(claim._client)
+            decision = refused(claim, state, SET_IFEQ if owned else SCRIPT, reply, noticed)
+            if decision.action == RESEND or decision.action == RELOAD:
                 again.append(i)
-            elif is_out_of_memory(reply):  # SET refused under maxmemory, EXPIRE not: the script, this once
-                again.append(i)
+                path = decision.path
+            elif decision.action == GIVE_UP:
+                replies[i] = claim._scripting_refused(claim._extend_script, reply, state.unprobed)
+        keeper._path = path
     return again
 
 
@@ -175,6 +190,8 @@ def _read(claim: Renewable | AsyncRenewable, reply: object) -> Outcome:
     "Not held" is the handle's to weigh (``_not_renewed``): with ``replicas`` it is
     transient while the handle's own clock says the lease lasts.
     """
+    if isinstance(reply, GoblinClaimError):  # a script this user may not run (``_again``)
+        return reply
     if isinstance(reply, ERRORS):
         return translate(reply, claim.key, claim.claim_key)
     if reply:
@@ -221,6 +238,8 @@ class _Renewal:
             self._context = _events.owner()
             _events.track(self)
         self._why = ""  # why the claim was lost, once ``lost``
+        # How the last renewal went to the server (see ``_again``), for its events; None: none sent yet.
+        self._path: str | None = None
 
     @property
     def _margin(self) -> float:
@@ -340,30 +359,34 @@ def _lane_target(claim: Renewable) -> tuple[tuple[int, str], Any]:
     return (id(client), ""), client
 
 
-def _send_sync(client: Any, claims: Sequence[Renewable]) -> list[Outcome]:
-    """Renew ``claims`` in one pipeline on ``client``, in order; nothing raised."""
+def _send_sync(client: Any, keepers: Sequence[KeepAlive]) -> list[Outcome]:
+    """Renew the claims of ``keepers`` in one pipeline on ``client``, in order; nothing raised."""
+    claims = [keeper._claim for keeper in keepers]
     try:
         commands = _renewed(claims)
         replies = _pipelined(client, commands)
-        again = _again(claims, commands, replies)
+        again = _again(keepers, commands, replies)
         if again:
             # A flushed or restarted server (or a refused SET): EVAL runs the script and caches it again.
             sources = [script_command(c._extend_script, (c.claim_key, c.token, c.lease), source=True) for c in claims]
-            for i, reply in zip(again, _pipelined(client, [sources[i] for i in again]), strict=True):
+            resent = _pipelined(client, [sources[i] for i in again])
+            _again([keepers[i] for i in again], [sources[i] for i in again], resent)
+            for i, reply in zip(again, resent, strict=True):
                 replies[i] = reply
     except ERRORS as exc:
         failed(client, exc, claims[0].key, claims[0].claim_key)  # a demoted primary: reconnect for the next try
         return _batch_failed(claims, exc)
     except Exception as exc:  # a client of another make: still no reason to end the lane
         return [GoblinClaimError(f"cannot renew {c.key!r}: {exc!r}", key=c.key) for c in claims]
-    refused = _first_error(replies)
-    if refused is not None:
-        failed(client, refused, claims[0].key, claims[0].claim_key)
+    error = _first_error(replies)
+    if error is not None:
+        failed(client, error, claims[0].key, claims[0].claim_key)
     outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, GoblinClaimError) and isinstance(claims[i]._client, CLUSTERS):
             # MOVED, ASK (a slot migrating): the handle's own path follows redirections.
             outcomes[i] = _extend_one(claims[i])
+            keepers[i]._path = claims[i]._path
     return outcomes
 
 
@@ -563,7 +586,7 @@ class _Renewer:
                 sent_at = time.monotonic()
                 self._lock.release()
                 try:
-                    outcomes = _send_sync(lane.client, [keeper._claim for keeper in batch])
+                    outcomes = _send_sync(lane.client, batch)
                 finally:
                     self._lock.acquire()
                 now = time.monotonic()
@@ -586,7 +609,7 @@ class _Renewer:
             keeper._deadline = sent_at + keeper._claim.lease
             self._push(keeper, sent_at + keeper.interval)
             if _events.enabled:
-                _events.renewal(keeper._claim, "claimed", now - sent_at, keeper._context, None)
+                _events.renewal(keeper._claim, "claimed", now - sent_at, keeper._context, None, keeper._path)
         elif outcome is False:
             self._lose(keeper, GONE)
         else:
@@ -596,7 +619,7 @@ class _Renewer:
                 self._lose(keeper, keeper._lapsed())  # failed until the lease ran out
             else:
                 self._push(keeper, now + retry_delay(keeper.interval, left))
-                _events.renewal(keeper._claim, "unavailable", now - sent_at, keeper._context, outcome)
+                _events.renewal(keeper._claim, "unavailable", now - sent_at, keeper._context, outcome, keeper._path)
 
     def _lose(self, keeper: KeepAlive, why: str) -> None:
         """Mark ``keeper`` lost (``why``) and renew it no more (lock held).
@@ -605,7 +628,7 @@ class _Renewer:
         """
         keeper._stopped = True
         self._live.pop(keeper._number, None)
-        _events.renewal(keeper._claim, "lease_lost", None, keeper._context, keeper._error)
+        _events.renewal(keeper._claim, "lease_lost", None, keeper._context, keeper._error, keeper._path)
         keeper._why = why
         keeper.lost = True
 
@@ -675,10 +698,9 @@ class _AsyncBatch:
             return
         # Bounded by the shortest lease left in the batch: no renewal outlives its lease.
         budget = min(k._deadline - k._margin for k in keepers) - now
-        claims = [k._claim for k in keepers]
         outcomes: Sequence[Outcome | None]
         try:
-            outcomes = await asyncio.wait_for(_send_async(claims), budget)
+            outcomes = await asyncio.wait_for(_send_async(keepers), budget)
         except asyncio.TimeoutError:
             # redis-py disconnects a connection whose read was cancelled, so the
             # late reply is never read as the answer to another command.
@@ -688,31 +710,35 @@ class _AsyncBatch:
             keeper._settle(outcome, now, done)
 
 
-async def _send_async(claims: Sequence[AsyncRenewable]) -> list[Outcome]:
-    """Renew ``claims`` (all of one client, one node) in one pipeline, in order; nothing raised."""
+async def _send_async(keepers: Sequence[AsyncKeepAlive]) -> list[Outcome]:
+    """Renew the claims of ``keepers`` (all of one client, one node) in one pipeline, in order; nothing raised."""
+    claims = [keeper._claim for keeper in keepers]
     client = claims[0]._client
     try:
         commands = _renewed(claims)
         replies = await _pipelined_async(client, commands)
-        again = _again(claims, commands, replies)
+        again = _again(keepers, commands, replies)
         if again:
             # A flushed or restarted server (or a refused SET): EVAL runs the script and caches it again.
             sources = [script_command(c._extend_script, (c.claim_key, c.token, c.lease), source=True) for c in claims]
-            for i, reply in zip(again, await _pipelined_async(client, [sources[i] for i in again]), strict=True):
+            resent = await _pipelined_async(client, [sources[i] for i in again])
+            _again([keepers[i] for i in again], [sources[i] for i in again], resent)
+            for i, reply in zip(again, resent, strict=True):
                 replies[i] = reply
     except ERRORS as exc:
         await failed_async(client, exc, claims[0].key, claims[0].claim_key)  # a demoted primary: reconnect
         return _batch_failed(claims, exc)
     except Exception as exc:  # a client of another make: the claims must still be rescheduled
         return [GoblinClaimError(f"cannot renew {c.key!r}: {exc!r}", key=c.key) for c in claims]
-    refused = _first_error(replies)
-    if refused is not None:
-        await failed_async(client, refused, claims[0].key, claims[0].claim_key)
+    error = _first_error(replies)
+    if error is not None:
+        await failed_async(client, error, claims[0].key, claims[0].claim_key)
     outcomes = [_read(claim, reply) for claim, reply in zip(claims, replies, strict=True)]
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, GoblinClaimError) and isinstance(client, ASYNC_CLUSTERS):
             # MOVED, ASK (a slot migrating): the handle's own path follows redirections.
             outcomes[i] = await _extend_one_async(claims[i])
+            keepers[i]._path = claims[i]._path
     return outcomes
 
 
@@ -888,7 +914,7 @@ class AsyncKeepAlive(_Renewal):
             self._deadline = sent_at + self._claim.lease
             at = sent_at + self.interval
             if _events.enabled:
-                _events.renewal(self._claim, "claimed", now - sent_at, self._context, None)
+                _events.renewal(self._claim, "claimed", now - sent_at, self._context, None, self._path)
         elif outcome is False:
             self._lose(GONE, now - sent_at)
             return
@@ -900,7 +926,7 @@ class AsyncKeepAlive(_Renewal):
                 self._lose(self._lapsed(), None)
                 return
             at = now + retry_delay(self.interval, left)
-            _events.renewal(self._claim, "unavailable", now - sent_at, self._context, self._error)
+            _events.renewal(self._claim, "unavailable", now - sent_at, self._context, self._error, self._path)
         self._timer = self._loop.call_at(_on_grid(at), self._due)
 
     def _lose(self, why: str, duration: float | None) -> None:
@@ -913,7 +939,8 @@ class AsyncKeepAlive(_Renewal):
             self._timer.cancel()
             self._timer = None
         # A renewal that found the claim gone reports no error; one given up, its last failure.
-        _events.renewal(self._claim, "lease_lost", duration, self._context, None if why is GONE else self._error)
+        error = None if why is GONE else self._error
+        _events.renewal(self._claim, "lease_lost", duration, self._context, error, self._path)
         self._why = why
         self.lost = True
         self._cancel_work()

@@ -13,7 +13,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import goblin_claim
 import goblin_claim.otel
+from goblin_claim._events import Event
 
 
 @dataclass
@@ -59,3 +61,12 @@ def otel() -> Iterator[Telemetry]:
     goblin_claim.otel.uninstrument()
     telemetry.tracer_provider.shutdown()
     meter_provider.shutdown()
+
+
+@pytest.fixture
+def events() -> Iterator[list[Event]]:
+    """Every event emitted while the test runs (a list's append is atomic across the renewer's threads)."""
+    seen: list[Event] = []
+    goblin_claim.add_listener(seen.append)
+    yield seen
+    goblin_claim.remove_listener(seen.append)

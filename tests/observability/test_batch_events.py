@@ -7,15 +7,12 @@ listeners and with OpenTelemetry's in-memory exporters.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import redis
 import redis.asyncio
 from opentelemetry.trace import StatusCode
 
-import goblin_claim
-import goblin_claim.otel
 from goblin_claim import (
     AsyncClaim,
     Claim,
@@ -30,15 +27,6 @@ from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import unique
 from tests.observability.conftest import Telemetry
 from tests.support import servers
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    """Every event emitted while the test runs."""
-    seen: list[Event] = []
-    goblin_claim.add_listener(seen.append)
-    yield seen
-    goblin_claim.remove_listener(seen.append)
 
 
 def _unreachable() -> redis.Redis:

@@ -28,9 +28,8 @@ import redis.cluster
 
 from goblin_claim import AsyncClaim, Claim, InFlight, ServerUnavailableError
 from goblin_claim._clients.transport import state_of
-from goblin_claim._events import path_of
 from goblin_claim._handle import _STORE_TRIES, ClaimBase
-from goblin_claim._protocol.scripts import SET_IFEQ, SET_NX_GET
+from goblin_claim._protocol.scripts import SET_IFEQ, SET_NX_GET, owner_check
 from goblin_claim.testing import fake_async_redis, fake_redis
 from tests.conftest import missing, unique
 from tests.support import servers
@@ -238,7 +237,7 @@ def test_the_server_s_own_commands_answer_as_the_scripts(server: Server, state: 
     assert found is not None
     assert SET_NX_GET in found  # every server here has it: the first namespace took the server's own commands
     if operation == "complete":
-        assert path_of(probe, probe._store_script) == ("command" if SET_IFEQ in found else "script")
+        assert owner_check("auto", found, probe._store_script) == (SET_IFEQ if SET_IFEQ in found else None)
     own, scripted = (_normal(result, namespace) for result, namespace in zip(results, namespaces, strict=True))
     assert own == scripted, (state, operation)
     looks = [_look(server.raw, record) for record in records]
