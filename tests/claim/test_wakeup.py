@@ -244,10 +244,15 @@ def test_async_waiter_on_one_connection_sees_the_completion(redis_standalone: An
         try:
             # The claim is taken elsewhere, so the first command past the one connection's set-up
             # is the waiter's poll; the owner then completes on that same connection, as the
-            # tasks of one application share it.
+            # tasks of one application share it. The waiter polls every five seconds: once its
+            # first poll is answered and the connection is back in the pool, the owner's round
+            # cannot meet one of the waiter's (a plain pool refuses a second connection).
             token = Claim(admin, key).acquire().token
-            task = asyncio.create_task(AsyncClaim(client, key).wait(timeout=8))
-            assert await until_async(lambda: _polled(admin, name=name), timeout=10), "the waiter never polled"
+            task = asyncio.create_task(SlowPollingAsyncClaim(client, key).wait(timeout=8))
+            pool = client.connection_pool
+            assert await until_async(lambda: _polled(admin, name=name) and not pool._in_use_connections, timeout=10), (
+                "the waiter never polled"
+            )
             owner = AsyncClaim(client, key, token=token)
             count = await asyncio.to_thread(_connections_named, admin, name)
             await owner.complete(b"v")
