@@ -308,7 +308,7 @@ class Op:
     def __init__(self, operation: str, claim: Any, of_claim: bool = True) -> None:
         self.operation = operation
         self.claim = claim
-        # The path reported is the one the driver recorded (ClaimBase._went): the claim's, or the operation's own.
+        # The path reported is the one the driver recorded (``Script.went``): the claim's, or the operation's own.
         self._of_claim = of_claim
         if of_claim:
             claim._claim_path = None

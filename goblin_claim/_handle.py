@@ -224,7 +224,7 @@ class ClaimBase(Generic[ClientT]):
         )  # fmt: skip
 
     def _settle(
-        self,
+        self: HandleT,
         client: Any,
         key: str,
         namespace: str,
@@ -238,11 +238,13 @@ class ClaimBase(Generic[ClientT]):
         replica_timeout_ms: int,
         at_most_once: bool,
         checkpoints: bool,
-    ) -> None:
-        """Every slot of a handle, from settings already checked: the one place a handle is made.
+    ) -> HandleT:
+        """Every slot of a handle, from settings already checked: the one place a handle is made; the handle.
 
         ``__init__`` checks what a caller gave; the decorator and a batch check their
-        settings once and come here through ``_checked`` for each call's handle.
+        settings once and make each call's handle as ``cls.__new__(cls)._settle(...)``,
+        without checking again on every call (a test compares every slot). The
+        decorator's and a batch's tokens are made for their handle (``made_token``).
         At most once keeps the record past the lease, for as long as a result would
         be kept (and never less than the lease), so an interrupted attempt stays known.
         """
@@ -260,40 +262,10 @@ class ClaimBase(Generic[ClientT]):
         self._mine_until = 0.0  # see _owns: until when a claim holding this token is this handle's own
         self._fence: int | None = None  # the fence of the claim this handle holds or last held
         self._keeper: Any = None  # the keep-alive renewing this handle's claim, for ensure_held()
-        # How the last claim, and the last other call, went to the server (see _went); None: not yet.
+        # How the last claim, and the last other call, went to the server (``Script.went``); None: not yet.
         self._claim_path: str | None = None
         self._path: str | None = None
         self.last_checkpoint: bytes | str | None = None
-
-    @classmethod
-    def _checked(
-        cls: type[HandleT],
-        client: Any,
-        key: str,
-        namespace: str,
-        token: str,
-        lease: int,
-        ttl: int,
-        native: NativeMode,
-        replicas: int,
-        replica_timeout_ms: int,
-        at_most_once: bool = False,
-        checkpoints: bool = False,
-        *,
-        fencing: bool = False,
-        made_token: bool = True,
-    ) -> HandleT:
-        """A handle from settings the caller already checked (the decorator does, once).
-
-        The same handle ``__init__`` makes (a test compares every slot), without
-        checking again what was checked at decoration, on every call. The
-        decorator's and a batch's tokens are made for their handle (``made_token``).
-        """
-        self = cls.__new__(cls)
-        self._settle(
-            client, key, namespace, token, made_token, lease, ttl, native, fencing,
-            replicas, replica_timeout_ms, at_most_once, checkpoints,
-        )  # fmt: skip
         return self
 
     @classmethod
@@ -313,11 +285,10 @@ class ClaimBase(Generic[ClientT]):
         for key in keys[1:]:
             if type(key) is not str or not key or not key.isascii():
                 _check_text("key", key)
-            handle = cls._checked(
+            handle = cls.__new__(cls)._settle(
                 first._client, key, namespace, new_token() if first._made_token else first.token,
-                first.lease, first.ttl, first._native, first._replicas, first._replica_timeout_ms,
-                first._keep is not None, first._checkpoint_key is not None,
-                fencing=first._fence_key is not None, made_token=first._made_token,
+                first._made_token, first.lease, first.ttl, first._native, first._fence_key is not None,
+                first._replicas, first._replica_timeout_ms, first._keep is not None, first._checkpoint_key is not None,
             )  # fmt: skip
             handles.append(handle)
         return handles
@@ -351,19 +322,6 @@ class ClaimBase(Generic[ClientT]):
         return f"{type(self).__name__}(key={self.key!r}, token={self.token!r}, lease={self.lease}, ttl={self.ttl})"
 
     # -- what to send, and what the replies mean
-
-    def _went(self, script: Script, path: str) -> None:
-        """Record how a call of ``script`` went to the server, for its event (``Event.path``).
-
-        ``path`` is ``"command"``, ``"native"`` or ``"script"`` (``_protocol.refusals``):
-        what the driver sent, or the script once a refusal sent it instead. A claim's
-        is kept apart from the other calls', as a decorated call's event reports its
-        claim's whatever its store took.
-        """
-        if script.name == "claim":
-            self._claim_path = path
-        else:
-            self._path = path
 
     @property
     def _both_keys(self) -> str:

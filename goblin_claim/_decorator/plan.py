@@ -257,9 +257,9 @@ class _Spec:
 
     def handle(self, kind: type[HandleT], call: _Call) -> HandleT:
         """The ``Claim`` or ``AsyncClaim`` of one call, from settings checked at decoration."""
-        return kind._checked(
-            self.client, call.key, self.namespace, call.token or new_token(), self.lease, self.ttl, self.native,
-            self.replicas, self.replica_timeout_ms, self.at_most_once, self.checkpoints,
+        return kind.__new__(kind)._settle(
+            self.client, call.key, self.namespace, call.token or new_token(), True, self.lease, self.ttl,
+            self.native, False, self.replicas, self.replica_timeout_ms, self.at_most_once, self.checkpoints,
         )  # fmt: skip
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -57,7 +57,7 @@ from .._protocol.refusals import (
     RELOAD,
     RESEND,
     SCRIPT,
-    after_refusal,
+    gives_up,
     path_of_sent,
 )
 from .._protocol.scripts import (
@@ -654,31 +654,39 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
 
     # -- the round trips
 
-    async def _persisting(self, attempt: Callable[[bool], Awaitable[T]], persist: bool = True) -> T:
+    async def _persisting(
+        self,
+        attempt: Callable[[bool], Awaitable[T]],
+        persist: bool = True,
+        failed: ServerUnavailableError | None = None,
+    ) -> T:
         """``attempt(first)``, sent again while a cluster moves the key's slot, for up to ``lease`` seconds.
 
         A slot migrating key by key (``TRYAGAIN``), a redirection not followed, a
         shard between primaries (``CLUSTERDOWN``): nothing ran, and the cluster
         settles within moments (``is_reshaping``). Every command is safe to send
         twice. Past the lease, or with ``persist=False``, the caller gets the
-        ``ServerUnavailableError``.
+        ``ServerUnavailableError``. ``failed``: the first try's error, where the
+        caller made that try itself (``_call``); ``attempt`` is then never first.
         """
         schedule: WaitSchedule | None = None
-        first = True
+        first = failed is None
         while True:
-            try:
-                return await attempt(first)
-            except ServerUnavailableError as exc:
-                if not persist or not is_reshaping(exc.__cause__):
-                    raise
+            if failed is not None:
+                if not persist or not is_reshaping(failed.__cause__):
+                    raise failed
                 if schedule is None:
                     schedule = WaitSchedule(float(self.lease), self.key)
                     schedule.start(time.monotonic())
                 delay = schedule.next_delay(time.monotonic())
                 if delay is None:
-                    raise
+                    raise failed
+                await sleep(None, delay)
+            try:
+                return await attempt(first)
+            except ServerUnavailableError as exc:
+                failed = exc
             first = False
-            await sleep(None, delay)
 
     async def _call(
         self,
@@ -692,12 +700,24 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         persist: bool = True,
         reads: bool = False,
     ) -> object:
-        """One round trip (``_call_once``), sent again while the cluster moves the key's slot (``_persisting``)."""
+        """One round trip (``_call_once``), sent again while the cluster moves the key's slot (``_persisting``).
+
+        The first try is made here, with no closure and no loop: that is every call's
+        path but a slot's move.
+        """
+        try:
+            return await self._call_once(script, args, keys, script_only, meanwhile, sends, announce, reads)
+        except ServerUnavailableError as exc:
+            failed = exc
+        return await self._call_again(failed, persist, script, args, keys, script_only, sends, announce, reads)
+
+    async def _call_again(
+        self, failed: ServerUnavailableError, persist: bool, script: Script, args: Args, keys: str,
+        script_only: Args, sends: Sends | None, announce: Args | None, reads: bool,
+    ) -> object:  # fmt: skip
+        """``_call``'s later tries, after a first that ``failed`` (``_persisting``)."""
         return await self._persisting(
-            lambda first: self._call_once(
-                script, args, keys, script_only, meanwhile if first else None, sends, announce, reads
-            ),
-            persist,
+            lambda _: self._call_once(script, args, keys, script_only, None, sends, announce, reads), persist, failed
         )
 
     async def _call_once(
@@ -725,7 +745,6 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         """
         client = self._client
         state = state_of(client)
-        sent = SCRIPT
         try:
             if not state.ready:
                 await _prepare(client, state)
@@ -733,8 +752,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
             check = owner_check(self._native, state.native, script)
             command = owner_check_command(check, args, script) if check else (native, *args) if native else None
             if command is not None:
-                sent = check or NATIVE
-                self._went(script, COMMAND if check else NATIVE)
+                setattr(self, script.went, COMMAND if check else NATIVE)
                 try:
                     if check == SET_NX_GET:
                         if not reads:
@@ -750,12 +768,11 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                         reply = await _announcing(client, command, announce)
                     return reply if check is None else owner_check_reply(check, script, reply)
                 except (*RESPONSE_ERRORS, *CLUSTER_ERRORS) as exc:
-                    if refused(self, state, sent, exc).action != RESEND:
+                    if refused(self, state, check or NATIVE, exc).action != RESEND:
                         raise  # WRONGTYPE, a failover...: what the script would answer too
-                    sent = SCRIPT
                     meanwhile = None  # it ran with the refused command
                     _unrun(sends)
-            self._went(script, SCRIPT)
+            setattr(self, script.went, SCRIPT)
             args += script_only
             try:
                 return await _send(client, state.direct, script_command(script, args), meanwhile, sends)
@@ -772,7 +789,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            if after_refusal(sent, exc, False, self._native, state.native).action == GIVE_UP:
+            if gives_up(exc):
                 raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise await failed_async(client, exc, self.key, keys) from exc
 
@@ -820,7 +837,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
                 await _prepare(client, state)
             wait = ("WAIT", self._replicas, self._replica_timeout_ms)
             command = script_command(script, args)
-            self._went(script, SCRIPT)
+            setattr(self, script.went, SCRIPT)
             reply, acknowledged = await _waited(client, self.claim_key, [command, wait], sends)
             if isinstance(reply, NO_SCRIPT) and refused(self, state, SCRIPT, reply).action == RELOAD:
                 # Nothing ran, so nothing was waited for: both again, with the source.
@@ -833,7 +850,7 @@ class AsyncClaim(ClaimBase["AsyncClient"]):
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            if after_refusal(SCRIPT, exc, False, self._native, state.native).action == GIVE_UP:
+            if gives_up(exc):
                 raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise await failed_async(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
@@ -1164,7 +1181,7 @@ def _refused_in_batch(
     ``scripts`` are the scripts the handles' commands stand for. A refusal to run
     a script takes its reply's place as the handle's error; each notice goes out
     once for the round, on the first handle it concerned. Each handle records the
-    path its call took (``_went``).
+    path its call took (``Script.went``).
     """
     again: list[int] = []
     noticed: set[tuple[str, str]] = set()
@@ -1177,7 +1194,7 @@ def _refused_in_batch(
                 path = decision.path
             elif decision.action == GIVE_UP:
                 replies[i] = handles[i]._scripting_refused(scripts[i], reply, state.unprobed)
-        handles[i]._went(scripts[i], path)
+        setattr(handles[i], scripts[i].went, path)
     return again
 
 

@@ -58,7 +58,7 @@ from .._protocol.refusals import (
     RELOAD,
     RESEND,
     SCRIPT,
-    after_refusal,
+    gives_up,
     path_of_sent,
 )
 from .._protocol.scripts import (
@@ -655,31 +655,39 @@ class Claim(ClaimBase["SyncClient"]):
 
     # -- the round trips
 
-    def _persisting(self, attempt: Callable[[bool], T], persist: bool = True) -> T:
+    def _persisting(
+        self,
+        attempt: Callable[[bool], T],
+        persist: bool = True,
+        failed: ServerUnavailableError | None = None,
+    ) -> T:
         """``attempt(first)``, sent again while a cluster moves the key's slot, for up to ``lease`` seconds.
 
         A slot migrating key by key (``TRYAGAIN``), a redirection not followed, a
         shard between primaries (``CLUSTERDOWN``): nothing ran, and the cluster
         settles within moments (``is_reshaping``). Every command is safe to send
         twice. Past the lease, or with ``persist=False``, the caller gets the
-        ``ServerUnavailableError``.
+        ``ServerUnavailableError``. ``failed``: the first try's error, where the
+        caller made that try itself (``_call``); ``attempt`` is then never first.
         """
         schedule: WaitSchedule | None = None
-        first = True
+        first = failed is None
         while True:
-            try:
-                return attempt(first)
-            except ServerUnavailableError as exc:
-                if not persist or not is_reshaping(exc.__cause__):
-                    raise
+            if failed is not None:
+                if not persist or not is_reshaping(failed.__cause__):
+                    raise failed
                 if schedule is None:
                     schedule = WaitSchedule(float(self.lease), self.key)
                     schedule.start(time.monotonic())
                 delay = schedule.next_delay(time.monotonic())
                 if delay is None:
-                    raise
+                    raise failed
+                sleep(None, delay)
+            try:
+                return attempt(first)
+            except ServerUnavailableError as exc:
+                failed = exc
             first = False
-            sleep(None, delay)
 
     def _call(
         self,
@@ -693,12 +701,24 @@ class Claim(ClaimBase["SyncClient"]):
         persist: bool = True,
         reads: bool = False,
     ) -> object:
-        """One round trip (``_call_once``), sent again while the cluster moves the key's slot (``_persisting``)."""
+        """One round trip (``_call_once``), sent again while the cluster moves the key's slot (``_persisting``).
+
+        The first try is made here, with no closure and no loop: that is every call's
+        path but a slot's move.
+        """
+        try:
+            return self._call_once(script, args, keys, script_only, meanwhile, sends, announce, reads)
+        except ServerUnavailableError as exc:
+            failed = exc
+        return self._call_again(failed, persist, script, args, keys, script_only, sends, announce, reads)
+
+    def _call_again(
+        self, failed: ServerUnavailableError, persist: bool, script: Script, args: Args, keys: str,
+        script_only: Args, sends: Sends | None, announce: Args | None, reads: bool,
+    ) -> object:  # fmt: skip
+        """``_call``'s later tries, after a first that ``failed`` (``_persisting``)."""
         return self._persisting(
-            lambda first: self._call_once(
-                script, args, keys, script_only, meanwhile if first else None, sends, announce, reads
-            ),
-            persist,
+            lambda _: self._call_once(script, args, keys, script_only, None, sends, announce, reads), persist, failed
         )
 
     def _call_once(
@@ -726,7 +746,6 @@ class Claim(ClaimBase["SyncClient"]):
         """
         client = self._client
         state = state_of(client)
-        sent = SCRIPT
         try:
             if not state.ready:
                 _prepare(client, state)
@@ -734,8 +753,7 @@ class Claim(ClaimBase["SyncClient"]):
             check = owner_check(self._native, state.native, script)
             command = owner_check_command(check, args, script) if check else (native, *args) if native else None
             if command is not None:
-                sent = check or NATIVE
-                self._went(script, COMMAND if check else NATIVE)
+                setattr(self, script.went, COMMAND if check else NATIVE)
                 try:
                     if check == SET_NX_GET:
                         if not reads:
@@ -751,12 +769,11 @@ class Claim(ClaimBase["SyncClient"]):
                         reply = _announcing(client, command, announce)
                     return reply if check is None else owner_check_reply(check, script, reply)
                 except (*RESPONSE_ERRORS, *CLUSTER_ERRORS) as exc:
-                    if refused(self, state, sent, exc).action != RESEND:
+                    if refused(self, state, check or NATIVE, exc).action != RESEND:
                         raise  # WRONGTYPE, a failover...: what the script would answer too
-                    sent = SCRIPT
                     meanwhile = None  # it ran with the refused command
                     _unrun(sends)
-            self._went(script, SCRIPT)
+            setattr(self, script.went, SCRIPT)
             args += script_only
             try:
                 return _send(client, state.direct, script_command(script, args), meanwhile, sends)
@@ -773,7 +790,7 @@ class Claim(ClaimBase["SyncClient"]):
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            if after_refusal(sent, exc, False, self._native, state.native).action == GIVE_UP:
+            if gives_up(exc):
                 raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise failed(client, exc, self.key, keys) from exc
 
@@ -821,7 +838,7 @@ class Claim(ClaimBase["SyncClient"]):
                 _prepare(client, state)
             wait = ("WAIT", self._replicas, self._replica_timeout_ms)
             command = script_command(script, args)
-            self._went(script, SCRIPT)
+            setattr(self, script.went, SCRIPT)
             reply, acknowledged = _waited(client, self.claim_key, [command, wait], sends)
             if isinstance(reply, NO_SCRIPT) and refused(self, state, SCRIPT, reply).action == RELOAD:
                 # Nothing ran, so nothing was waited for: both again, with the source.
@@ -834,7 +851,7 @@ class Claim(ClaimBase["SyncClient"]):
         except Exception as exc:
             if not raised_by_client(exc):
                 raise
-            if after_refusal(SCRIPT, exc, False, self._native, state.native).action == GIVE_UP:
+            if gives_up(exc):
                 raise self._scripting_refused(script, exc, state.unprobed) from exc
             raise failed(client, exc, self.key, keys) from exc
         return reply, int(acknowledged)  # type: ignore[call-overload]  # WAIT replies an int
@@ -1165,7 +1182,7 @@ def _refused_in_batch(
     ``scripts`` are the scripts the handles' commands stand for. A refusal to run
     a script takes its reply's place as the handle's error; each notice goes out
     once for the round, on the first handle it concerned. Each handle records the
-    path its call took (``_went``).
+    path its call took (``Script.went``).
     """
     again: list[int] = []
     noticed: set[tuple[str, str]] = set()
@@ -1178,7 +1195,7 @@ def _refused_in_batch(
                 path = decision.path
             elif decision.action == GIVE_UP:
                 replies[i] = handles[i]._scripting_refused(scripts[i], reply, state.unprobed)
-        handles[i]._went(scripts[i], path)
+        setattr(handles[i], scripts[i].went, path)
     return again
 
 

@@ -80,7 +80,7 @@ def after_refusal(
         if decision.action == RELOAD:
             reply = send(script_command(script, args, source=True))
     """
-    if is_scripting_refused(exc):
+    if gives_up(exc):
         return Refusal(GIVE_UP, available, None, path_of_sent(sent))
     if sent == SCRIPT:
         if no_script:
@@ -95,6 +95,15 @@ def after_refusal(
     if is_out_of_memory(exc):  # SET refused under maxmemory, EXPIRE not: the script, this once
         return Refusal(RESEND, available, None, SCRIPT)
     return Refusal(ANSWER, available, None, COMMAND)  # WRONGTYPE, a failover...: what the script would answer too
+
+
+def gives_up(exc: BaseException) -> bool:
+    """Whether the refusal ``exc`` ends in ``GIVE_UP`` whatever was sent: ``after_refusal``'s first row.
+
+    A driver whose call failed anywhere (the command, the script, its reload) asks
+    only this: a user denied scripts gets the handle's error saying what to grant.
+    """
+    return is_scripting_refused(exc)
 
 
 def path_of_sent(sent: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Final
 
@@ -28,6 +28,11 @@ class Script:
         native: The server command with the same semantics, if there is one.
         owner_checks: The server's own commands that may do its job (owner checks,
             and the claim's ``SET ... NX GET``), best first (see ``owner_check``).
+        went: The handle's slot where a driver records how a call of it went to the
+            server (``"command"``, ``"native"`` or ``"script"``, ``_protocol.refusals``),
+            for its event (``Event.path``): a claim's is kept apart from the other
+            calls', as a decorated call's event reports its claim's whatever its store
+            took. A driver sets it with ``setattr``, no call of its own on every round trip.
     """
 
     name: str
@@ -36,6 +41,10 @@ class Script:
     numkeys: int
     native: str | None = None
     owner_checks: tuple[str, ...] = ()
+    went: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "went", "_claim_path" if self.name == "claim" else "_path")
 
     @classmethod
     def load(cls, name: str, numkeys: int, native: str | None = None, owner_checks: tuple[str, ...] = ()) -> Script:

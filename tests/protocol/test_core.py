@@ -200,12 +200,12 @@ def test_native_always_without_the_commands_raises(available: frozenset[str] | N
 
 
 def test_checked_handles_equal_constructed_ones() -> None:
-    """_checked (the decorator's handle, settings checked once) sets every slot as __init__ does."""
+    """_settle alone (the decorator's handle, settings checked once) sets every slot as __init__ does."""
     for kwargs in ({}, {"replicas": 1, "replica_timeout_ms": 250, "native": "never"}):
         made = ClaimBase(None, "evt88", lease=7, ttl=70, namespace="ns", token="t-1", **kwargs)  # type: ignore[arg-type]
-        checked = ClaimBase._checked(
-            None, "evt88", "ns", "t-1", 7, 70, kwargs.get("native", "auto"),  # type: ignore[arg-type]
-            kwargs.get("replicas", 0), kwargs.get("replica_timeout_ms", 500),  # type: ignore[arg-type]
+        checked = ClaimBase.__new__(ClaimBase)._settle(
+            None, "evt88", "ns", "t-1", True, 7, 70, kwargs.get("native", "auto"), False,  # type: ignore[arg-type]
+            kwargs.get("replicas", 0), kwargs.get("replica_timeout_ms", 500), False, False,  # type: ignore[arg-type]
         )  # fmt: skip
         for slot in ClaimBase.__slots__:
             if slot != "_made_token":
