@@ -21,5 +21,7 @@ HTTP_WAIT: Final = 0.0
 # The HTTP doors' bounds on what they read to fingerprint a request and store to replay it, in bytes.
 MAX_BODY_BYTES: Final = 1024 * 1024
 MAX_RESPONSE_BYTES: Final = 1024 * 1024
+# The HTTP doors' server_errors=: a 5xx (or an exception the app raised) gives the key back, so a retry runs.
+HTTP_SERVER_ERRORS: Final = "give back"
 # checkpoints=True: the largest progress checkpoint() stores, in bytes (encoded).
 CHECKPOINT_MAX_BYTES: Final = 64 * 1024

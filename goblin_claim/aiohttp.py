@@ -88,8 +88,8 @@ class IdempotencyMiddleware:
             response = raised = error
         except BaseException as error:
             await to_the_end_async(keep.__aexit__(None, None, None))
-            if isinstance(error, Exception):
-                await to_the_end_async(http_aio.give_back(claim))
+            if isinstance(error, Exception):  # aiohttp answers it 500: a retry runs, or gets the 500 kept
+                await to_the_end_async(http_aio.app_raised(self.options, claim, fp))
             else:  # cancelled (the client left, with handler_cancellation): the handler began
                 await to_the_end_async(http_aio.abandon(claim, fp, "the request was cancelled after it began"))
             raise

@@ -16,7 +16,8 @@ byte, with ``Idempotent-Replayed: true``::
        read the body (up to max_body_bytes, else 413), fingerprint query and body
        │
     claim ──Claimed──► run the app (lease kept alive), buffer the response ─► store ─► send
-       │                  ├─ raised (client still there), 5xx, 408, 425, 429 ─► key given back (release)
+       │                  ├─ raised (client still there), 5xx, 408, 425, 429, 503 ─► key given back (release)
+       │                  │      (server_errors="store": a 5xx but 503 stored, a raise kept as a 500 problem)
        │                  ├─ cancelled, client gone, no whole response ─► kept closed: abandoned
        │                  ├─ claim lost while the app runs ─► the app cancelled; 503 claim-lost, nothing kept
        │                  └─ too large or streamed (stream_types, trailers, files) ─► passed through, marked unstored
@@ -62,7 +63,17 @@ from typing import Any, Final, Literal
 from . import _events, _http
 from ._clients.transport import to_the_end_async
 from ._drivers.aio import AsyncClaim
-from ._drivers.http_aio import AsyncDoor, _digest, abandon, give_back, mark, open_claim, passing_unstored, store
+from ._drivers.http_aio import (
+    AsyncDoor,
+    _digest,
+    abandon,
+    app_raised,
+    give_back,
+    mark,
+    open_claim,
+    passing_unstored,
+    store,
+)
 from ._drivers.keepalive import AsyncKeepAlive, stop_on_loss
 from ._http import (
     DEFAULT_NEVER_REPLAYED,
@@ -166,8 +177,18 @@ class IdempotencyMiddleware:
             ids...); ``set-cookie``, ``content-length`` and hop-by-hop are always in it.
         release_statuses: Statuses sent but not kept: the key is given back and a
             retry runs (``DEFAULT_RELEASE_STATUSES``: 401, 403, 404, 405, 408, 425,
-            429; every 5xx always). A 4xx the endpoint itself answers (400, 409,
-            422...) is kept; pass ``()`` to keep 401-405 as well.
+            429, 503; every other 5xx too, unless ``server_errors="store"``). A 4xx
+            the endpoint itself answers (400, 409, 422...) is kept; pass ``()`` to
+            keep 401-405 as well.
+        server_errors: What becomes of a 5xx the app answers (outside
+            ``release_statuses``) and of an exception it raises while its client waits.
+            ``"give back"`` (the default): the key is given back and a retry runs the
+            app again, so a view that committed its work before failing does it twice
+            unless its work is one transaction that the failure rolled back.
+            ``"store"`` (Stripe's choice): the 5xx is kept and replayed for ``ttl``,
+            and an exception (which the framework answers 500 outside the door) is
+            kept as a ``500`` ``server-error`` problem; a retry never runs the app
+            again, and the client must send a new key to try once more.
         stream_types: Content types passed through as the app sends them, never
             buffered nor kept (``DEFAULT_STREAM_TYPES``: SSE, NDJSON, JSON Lines...);
             once such a response ended, duplicates are answered 422.
@@ -197,7 +218,7 @@ class IdempotencyMiddleware:
             ``interrupted`` (no ``Retry-After``: retrying will not help) until ``ttl`` ends
             or an operator forgets the key. A duplicate while it runs is answered ``409``
             ``in-flight`` as before. A response not kept (a 5xx, a retry status) or an
-            exception the app raised still gives the key back.
+            exception the app raised still gives the key back (with ``server_errors="give back"``).
         expose_holder: Put the holder's token in the ``holder`` member of a ``409``'s problem
             details (in flight and interrupted), to match with ``goblin-claim inspect``; off
             by default, as a token may name a worker or a request.
@@ -238,6 +259,7 @@ class IdempotencyMiddleware:
         replay_headers: Iterable[str] | None = DEFAULTS.replay_headers,
         never_replayed: Iterable[str] = DEFAULTS.never_replayed,
         release_statuses: Iterable[int] = DEFAULTS.release_statuses,
+        server_errors: Literal["give back", "store"] = DEFAULTS.server_errors,
         stream_types: Iterable[str] = DEFAULTS.stream_types,
         problem_docs: str | None = DEFAULTS.problem_docs,
         fingerprint: str | Callable[[Scope], str | bytes] = DEFAULTS.fingerprint,
@@ -255,9 +277,10 @@ class IdempotencyMiddleware:
             required=required, methods=methods, header=header, lease=lease, ttl=ttl, wait=wait, scope=scope,
             shared_scope=shared_scope, max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes,
             replay_headers=replay_headers, never_replayed=never_replayed, release_statuses=release_statuses,
-            stream_types=stream_types, problem_docs=problem_docs, fingerprint=fingerprint, namespace=namespace,
-            routes=routes, replicas=replicas, replica_timeout_ms=replica_timeout_ms, fail_open=fail_open,
-            at_most_once=at_most_once, expose_holder=expose_holder,
+            server_errors=server_errors, stream_types=stream_types, problem_docs=problem_docs,
+            fingerprint=fingerprint, namespace=namespace, routes=routes, replicas=replicas,
+            replica_timeout_ms=replica_timeout_ms, fail_open=fail_open, at_most_once=at_most_once,
+            expose_holder=expose_holder,
         ).checked()  # fmt: skip
         self._door = AsyncDoor(client, options, "goblin_claim.asgi.IdempotencyMiddleware")
         self.required = options.required
@@ -272,6 +295,7 @@ class IdempotencyMiddleware:
         self.replay_headers = options.replay_headers
         self.never_replayed = options.never_replayed
         self.release_statuses = options.release_statuses
+        self.server_errors = options.server_errors
         self.namespace = options.namespace
         self._header_name = options.header_name
 
@@ -366,7 +390,8 @@ class _Exchange:
 
     Once the app began (``started``), the key is given back only when the request
     itself says "try again": a 5xx or retry status, or an exception the app raised
-    while its client was still there. Anything else that ends without a kept
+    while its client was still there (with ``server_errors="store"``, a 5xx is kept
+    like any answer and an exception as a 500 problem). Anything else that ends without a kept
     response (a cancellation, a client gone, a response never finished) may have
     done its work, so the key is kept closed as an ``AbandonedRequest``.
     """
@@ -514,7 +539,8 @@ class _Exchange:
             await give_back(self._claim)  # a status not kept (5xx, retry, not found...): a retry runs
             return
         if isinstance(error, Exception) and not self._gone:
-            await give_back(self._claim)  # the app failed while its client waited: a retry runs at once
+            # The app failed while its client waited: a retry runs at once, or (server_errors="store") gets a 500.
+            await app_raised(self._owner.options, self._claim, self._fp)
             return
         # No whole response, yet the app ran (a sync Django view even finishes in its
         # thread after a disconnect): what it did is unknown, so it is never run again.

@@ -203,8 +203,8 @@ class _Door:
             response = call(request)  # Django turns a view's exception into a 500 response
         except BaseException as error:
             keep.__exit__(None, None, None)
-            if isinstance(error, Exception):
-                http_sync.give_back(claim)
+            if isinstance(error, Exception):  # raised through @idempotent_view (the middleware sees Django's 500)
+                http_sync.app_raised(self.options, claim, fp)
             else:  # SystemExit (gunicorn's timeout): the view began, what it did is unknown
                 http_sync.abandon(claim, fp, f"the worker was stopped mid-request ({type(error).__name__})")
             raise
@@ -279,7 +279,7 @@ class _Door:
         except BaseException as error:
             await to_the_end_async(keep.__aexit__(None, None, None))
             if isinstance(error, Exception):
-                await to_the_end_async(http_aio.give_back(claim))
+                await to_the_end_async(http_aio.app_raised(self.options, claim, fp))
             else:  # cancelled: Django does this when the client disconnects; the view began
                 cancelled = "the request was cancelled after it began (the client disconnected or the server stopped)"
                 await to_the_end_async(http_aio.abandon(claim, fp, cancelled))

@@ -31,7 +31,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, g, got_request_exception, request
 from werkzeug.exceptions import HTTPException
 
 from . import _events, _http
@@ -44,6 +44,7 @@ __all__ = ["Idempotency", "idempotency_key"]
 View = TypeVar("View", bound=Callable[..., Any])
 _OPTIONS = "_goblin_claim_options"  # a route's own Options, set by Idempotency.options()
 _STATE = "_goblin_claim_request"  # on flask.g: the claimed request, until its response is settled
+_RAISED = "_goblin_claim_raised"  # on flask.g: the request raised, and Flask answers it 500 (got_request_exception)
 
 
 class Idempotency:
@@ -73,6 +74,7 @@ class Idempotency:
         app.before_request(self._before)
         app.after_request(self._after)
         app.teardown_request(self._teardown)
+        got_request_exception.connect(_note_raised, app, weak=False)
         app.extensions["goblin_claim"] = self
 
     def options(self, **overrides: Any) -> Callable[[View], View]:
@@ -150,6 +152,11 @@ class Idempotency:
             return self._settle(response, claim, fp, keep, options)
 
     def _settle(self, response: Response, claim: Claim, fp: str, keep: Any, options: Options) -> Response:
+        if g.pop(_RAISED, False):
+            # Flask's 500 for an exception the view raised: as any door's raised app, a retry runs, or gets a 500.
+            keep.__exit__(None, None, None)
+            http_sync.app_raised(options, claim, fp)
+            return response
         status = response.status_code
         headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in response.headers.items()]
         streamed = "it is a streamed response" if response.is_streamed else None
@@ -175,9 +182,14 @@ class Idempotency:
         state = g.pop(_STATE, None)
         if state is None:
             return  # settled in after_request (or never claimed)
-        claim, fp, keep, _options, op = state
+        claim, fp, keep, options, op = state
         op.__exit__(None if error is None else type(error), error, None)
         keep.__exit__(None, None, None)
+        if isinstance(error, Exception):
+            # Raised with PROPAGATE_EXCEPTIONS (testing, debug), where Flask makes no 500 for
+            # after_request: as any door's raised app, a retry runs, or gets the 500 kept.
+            http_sync.app_raised(options, claim, fp)
+            return
         # after_request did not run: the request was stopped mid-view (SystemExit from
         # gunicorn's timeout, KeyboardInterrupt). The view began; it is never run again.
         what = type(error).__name__ if error is not None else "no response"
@@ -198,6 +210,11 @@ def _pass(response: Response, claim: Claim, fp: str, keep: Any, reason: str) -> 
         functools.partial(http_sync.abandon, claim, fp, _http.CUT_STREAM),
     )  # fmt: skip
     return response
+
+
+def _note_raised(sender: Flask, **extra: Any) -> None:
+    """``got_request_exception``: the request raised what no error handler answered; Flask answers it 500."""
+    setattr(g, _RAISED, True)
 
 
 def _aborted(error: Exception) -> bool:

@@ -11,15 +11,18 @@ stored answers are the same envelopes: a WSGI and an ASGI service over one Redis
 replay each other's responses.
 
 A request the app began is never run again: an app that raised while its
-response was still unsent gives the key back (a retry runs), but a worker
+response was still unsent gives the key back (a retry runs; with
+``server_errors="store"`` a 500 problem is kept for retries instead, and the
+server answers the exception as ever), but a worker
 stopped mid-request (gunicorn's ``timeout`` aborts it with ``SystemExit``), or a
 client gone while a passed-through response streamed, keeps the key closed
 (``http_abandoned``): duplicates get ``422``. A response is stored before its
 first byte is handed to the server, so a client that leaves while it is sent
 still finds it on retry.
 
-Not guaranteed: a worker killed with SIGKILL before it could write anything
-leaves the claim to lapse after ``lease``, and a retry then runs the app again
+Not guaranteed: a worker killed with SIGKILL before the response was stored in
+Redis (while the app runs, even after it committed its work) leaves only its
+claim, which lapses after ``lease``, and a retry then runs the app again
 (renewals stop with the process, so choose ``lease`` above the server's own
 timeout: a worker stalled longer than ``lease`` may be run twice). With
 ``at_most_once=True`` it is not run again: once the lease ends, the key is
@@ -34,7 +37,7 @@ from http import HTTPStatus
 from typing import Any
 
 from . import _events, _http
-from ._drivers.http_sync import SyncDoor, abandon, give_back, mark, open_claim, passing_unstored, store
+from ._drivers.http_sync import SyncDoor, abandon, app_raised, give_back, mark, open_claim, passing_unstored, store
 from ._drivers.keepalive import KeepAlive
 from ._drivers.sync import Claim
 from ._http import DEFAULT_RELEASE_STATUSES, DEFAULT_REPLAY_HEADERS, UNSTORED_HEADER, Answer, Options
@@ -58,7 +61,7 @@ class IdempotencyMiddleware:
         **options: The ASGI middleware's options (``required``, ``routes``, ``methods``,
             ``header``, ``lease``, ``ttl``, ``wait``, ``scope``, ``shared_scope``,
             ``max_body_bytes``, ``max_response_bytes``, ``replay_headers``,
-            ``release_statuses``, ``fingerprint``, ``namespace``, ``fail_open``, ``at_most_once``,
+            ``release_statuses``, ``server_errors``, ``fingerprint``, ``namespace``, ``fail_open``, ``at_most_once``,
             ``expose_holder``); ``scope``, a ``routes``
             function and a ``fingerprint`` function receive the WSGI environ, ``routes``
             patterns match ``SCRIPT_NAME + PATH_INFO``.
@@ -149,7 +152,8 @@ class _Run:
             _close(result)
             keep.__exit__(None, None, None)
             if isinstance(error, Exception):
-                give_back(self._claim)  # the app failed before any byte was sent: a retry runs at once
+                # The app failed before any byte was sent: a retry runs at once, or (server_errors="store") gets a 500.
+                app_raised(self._options, self._claim, self._fp)
             else:
                 # SystemExit (gunicorn's timeout), KeyboardInterrupt: the app began, what it did is unknown.
                 abandon(self._claim, self._fp, f"the worker was stopped mid-request ({type(error).__name__})")

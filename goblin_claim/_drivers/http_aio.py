@@ -185,6 +185,16 @@ async def give_back(claim: AsyncClaim) -> bool:
     return False
 
 
+async def app_raised(options: Options, claim: AsyncClaim, fp: str) -> None:
+    """The app raised while its client waited: give the key back, or keep its 500 (``server_errors="store"``)."""
+    kept = _http.raised(options)
+    if kept is None:
+        await give_back(claim)
+        return
+    payload = _http.stored_payload(fp, kept.status, kept.headers, options.keeps_header, kept.body)
+    await store(claim, payload, kept.status, fp)
+
+
 def _digest(claim: AsyncClaim) -> str:
     return key_digest(claim.key)
 

@@ -186,6 +186,16 @@ def give_back(claim: Claim) -> bool:
     return False
 
 
+def app_raised(options: Options, claim: Claim, fp: str) -> None:
+    """The app raised while its client waited: give the key back, or keep its 500 (``server_errors="store"``)."""
+    kept = _http.raised(options)
+    if kept is None:
+        give_back(claim)
+        return
+    payload = _http.stored_payload(fp, kept.status, kept.headers, options.keeps_header, kept.body)
+    store(claim, payload, kept.status, fp)
+
+
 def _digest(claim: Claim) -> str:
     return key_digest(claim.key)
 

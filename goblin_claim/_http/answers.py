@@ -47,6 +47,10 @@ RESULT_LOST: Final = (
     "the first request with this idempotency key completed, but its stored response is missing; "
     "an operator can reopen the key"
 )
+SERVER_ERROR: Final = (
+    "the first request with this idempotency key failed with a server error after it began, and that failure is "
+    "kept as its answer, so it is not run again: check whether it took effect, then use a new key to run it again"
+)
 NO_OWNER: Final = (
     "this request has no owner for its idempotency key (the scope function found no user or tenant), so it was "
     "not run: authenticate, or have the idempotency middleware run after authentication"

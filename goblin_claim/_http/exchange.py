@@ -16,8 +16,16 @@ and once the app has answered (status, headers, size, streamed or not)::
 
     verdict(options, status, headers, ...)    -> STORE, GIVE_BACK, or Verdict("pass", "because ...")
 
-A later rule about which answers are kept (a 5xx stored and replayed, say) is one
-branch of ``verdict()``.
+or once the app has raised instead, while its client waited (the framework answers
+500 outside the door)::
+
+    raised(options)                           -> None: give the key back, or the 500 to keep for it
+
+Which answers are kept is decided there alone: a 5xx is given back, or kept and
+replayed with ``server_errors="store"`` (``gives_back()``, and ``raised()`` for an
+exception), so every door follows the option without a rule of its own. The door's
+own answers (a 503 ``store-unavailable`` or ``claim-lost``) never reach them: they
+are sent, never kept.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from .answers import LOST, Answer, problem
+from .answers import LOST, SERVER_ERROR, Answer, documented, problem
 from .options import KeyRule, Options
 from .request import owner_of, request_fingerprint, too_large_detail
 from .response import streamed_reason
@@ -115,8 +123,30 @@ GIVE_BACK: Final = Verdict("give back")
 
 
 def gives_back(options: Options, status: int) -> bool:
-    """Whether an answer with ``status`` is sent, not kept, and its key given back: every 5xx, ``release_statuses``."""
-    return status >= 500 or status in options.release_statuses
+    """Whether an answer with ``status`` is sent, not kept, and its key given back.
+
+    A status in ``release_statuses``, and every 5xx unless ``server_errors="store"``:
+    then a 5xx is kept like any answer the endpoint gave (the work it committed
+    before failing is not run again), and a retry gets it replayed.
+    """
+    if status in options.release_statuses:
+        return True
+    return status >= 500 and options.server_errors == "give back"
+
+
+def raised(options: Options) -> Answer | None:
+    """What is kept for a request whose app raised while its client waited (``None``: nothing, the key is given back).
+
+    With ``server_errors="store"``, the 500 its duplicates get (``server-error``):
+    the exception goes on to the framework, which answers the first request itself
+    (its own 500 page), and every retry is answered this problem, replayed, instead
+    of running the app again. A door that sees the framework's 500 response instead
+    of the exception (Django's middleware, WSGI around a Flask or Django app) keeps
+    that response, by ``verdict()``.
+    """
+    if options.server_errors == "give back":
+        return None
+    return documented(problem(500, SERVER_ERROR, code="server-error"), options.problem_docs)
 
 
 def verdict(
@@ -135,7 +165,7 @@ def verdict(
         size: The body's size so far (``None``: not read yet).
 
     Returns:
-        ``GIVE_BACK`` for a status not kept, else ``Verdict("pass", why)`` for an
+        ``GIVE_BACK`` for a status not kept (``gives_back()``), else ``Verdict("pass", why)`` for an
         answer that cannot be kept (streamed, a stream type, too large), else ``STORE``.
     """
     if gives_back(options, status):

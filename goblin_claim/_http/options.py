@@ -9,7 +9,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
-from .._defaults import HTTP_WAIT, LEASE, MAX_BODY_BYTES, MAX_RESPONSE_BYTES, REPLICA_TIMEOUT_MS, REPLICAS, TTL
+from .._defaults import (
+    HTTP_SERVER_ERRORS,
+    HTTP_WAIT,
+    LEASE,
+    MAX_BODY_BYTES,
+    MAX_RESPONSE_BYTES,
+    REPLICA_TIMEOUT_MS,
+    REPLICAS,
+    TTL,
+)
 from .._errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._protocol.checks import check_flags, check_namespace, check_replicas, check_seconds, check_timeout, describe
 
@@ -46,9 +55,11 @@ DEFAULT_REPLAY_HEADERS: Final = (
 # Answers that did not come from the endpoint's work, or that ask the client to try
 # again: keeping them would replay "not found" or "sign in" or "try again" for a day
 # after the client fixed its request (Stripe keeps results only once an endpoint
-# began executing), so the key is given back instead. 5xx are always given back.
-DEFAULT_RELEASE_STATUSES: Final = frozenset({401, 403, 404, 405, 408, 425, 429})
-"""Statuses answered but not kept (the key is given back, a retry runs), besides every 5xx."""
+# began executing), so the key is given back instead. A 503 says the server could not
+# handle the request (RFC 9110 section 15.6.4): given back even when server_errors="store"
+# keeps the other 5xx.
+DEFAULT_RELEASE_STATUSES: Final = frozenset({401, 403, 404, 405, 408, 425, 429, 503})
+"""Statuses answered but not kept (the key given back, a retry runs); every 5xx too unless ``server_errors="store"``."""
 DEFAULT_STREAM_TYPES: Final = (
     "text/event-stream",
     "application/x-ndjson",
@@ -61,6 +72,9 @@ DEFAULT_STREAM_TYPES: Final = (
 # A larger body or response would not fit in one Redis value (proto-max-bulk-len, 512 MiB).
 MAX_BYTES_LIMIT: Final = 256 * 1024 * 1024
 
+ServerErrors = Literal["give back", "store"]
+"""What becomes of a 5xx (or an exception the app raised): ``give back`` the key (a retry runs), or ``store`` it."""
+SERVER_ERRORS: Final = ("give back", "store")
 KeyRule = Literal["require", "accept", "ignore"]
 """What a route does with the key header: ``require`` it (400 without), ``accept`` it, ``ignore`` it (never claimed)."""
 KEY_RULES: Final = ("require", "accept", "ignore")
@@ -85,6 +99,7 @@ class Options:
     replay_headers: tuple[str, ...] | None
     never_replayed: frozenset[str]
     release_statuses: frozenset[int]
+    server_errors: ServerErrors
     stream_types: tuple[bytes, ...]
     problem_docs: str | None
     fingerprint: str | Callable[[Any], object]
@@ -133,6 +148,8 @@ class DoorOptions:
     replay_headers: Iterable[str] | None = None
     never_replayed: Iterable[str] = DEFAULT_NEVER_REPLAYED
     release_statuses: Iterable[int] = DEFAULT_RELEASE_STATUSES
+    # "store": a 5xx outside release_statuses is kept and replayed, as Stripe does (a retry never re-runs it).
+    server_errors: ServerErrors = HTTP_SERVER_ERRORS
     stream_types: Iterable[str] = DEFAULT_STREAM_TYPES
     problem_docs: str | None = None
     fingerprint: str | Callable[[Any], Any] = "auto"
@@ -187,6 +204,7 @@ class DoorOptions:
             replay_headers=None if self.replay_headers is None else _check_replay_headers(self.replay_headers),
             never_replayed=NEVER_REPLAYED | frozenset(_check_header_names("never_replayed", self.never_replayed)),
             release_statuses=_check_statuses(self.release_statuses),
+            server_errors=_check_server_errors(self.server_errors),
             stream_types=_check_stream_types(self.stream_types),
             problem_docs=_check_docs(self.problem_docs),
             fingerprint=_check_fingerprint(self.fingerprint),
@@ -322,6 +340,14 @@ def _check_docs(docs: object) -> str | None:
     if type(docs) is not str or not docs.startswith(("https://", "http://")) or "#" in docs:
         raise InvalidArgumentError(f"problem_docs must be an http(s) URL without a fragment, not {describe(docs)}")
     return docs
+
+
+def _check_server_errors(rule: object) -> ServerErrors:
+    if type(rule) is not str:
+        raise InvalidArgumentTypeError(f"server_errors must be the str 'give back' or 'store', not {describe(rule)}")
+    if rule not in SERVER_ERRORS:
+        raise InvalidArgumentError(f"server_errors must be 'give back' or 'store', not {describe(rule)}")
+    return cast(ServerErrors, rule)
 
 
 def _check_statuses(statuses: object) -> frozenset[int]:

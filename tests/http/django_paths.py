@@ -304,7 +304,22 @@ def _views() -> list[Any]:
     ]  # fmt: skip
 
 
-urlpatterns = _views() if os.environ.get("DJANGO_SETTINGS_MODULE") == __name__ else []
+def _failing_views() -> list[Any]:
+    """``server_errors="store"``: a plain view failing after its work (the middleware's), and decorated ones."""
+
+    def transfer(request: HttpRequest) -> HttpResponse:
+        ran("transfer")  # the work, committed
+        raise LookupError("the queue is down")
+
+    stored_async = {"client": "tests.http.django_paths.async_client", "server_errors": "store"}
+    return [
+        path("transfer", transfer),
+        path("transfer-own", _own("transfer_own", {"server_errors": "store"})),
+        path("transfer-own-async", _own("transfer_own_async", stored_async, is_async=True)),
+    ]
+
+
+urlpatterns = [*_views(), *_failing_views()] if os.environ.get("DJANGO_SETTINGS_MODULE") == __name__ else []
 
 
 # --------------------------------------------------------------------------- what a client saw
@@ -513,6 +528,28 @@ async def duplicate_of_the_cut_stream(client_class: Any) -> dict[str, Any]:
         return await apost(client_class(), "/stream-async", **{"Idempotency-Key": "k-cut"})
 
 
+def case_server_errors(client_class: Any, async_class: Any) -> dict[str, Any]:
+    """A view failing after its work, with and without ``server_errors="store"``: how often it ran, what came back."""
+    from django.test import override_settings
+
+    found: dict[str, Any] = {}
+    http = client_class(raise_request_exception=False)
+    found["given_back"] = [post(http, "/transfer", **{"Idempotency-Key": "k-t1"}) for _ in range(2)]
+    found["given_back_runs"] = RUNS.get("transfer", 0)
+    with override_settings(GOBLIN_CLAIM_IDEMPOTENCY={**GOBLIN_CLAIM_IDEMPOTENCY, "server_errors": "store"}):
+        stored = client_class(raise_request_exception=False)
+        found["stored"] = [post(stored, "/transfer", **{"Idempotency-Key": "k-t2"}) for _ in range(2)]
+    found["stored_runs"] = RUNS["transfer"] - found["given_back_runs"]
+    found["own"] = [post(http, "/transfer-own", **{"X-Fail": "yes"}) for _ in range(2)]
+
+    async def own_async() -> list[dict[str, Any]]:
+        ahttp = async_class(raise_request_exception=False)
+        return [await apost(ahttp, "/transfer-own-async", **{"X-Fail": "yes"}) for _ in range(2)]
+
+    found["own_async"] = asyncio.run(own_async())
+    return found
+
+
 def case_real_redis(port: int) -> dict[str, Any]:
     """A redis:// and a valkey:// URL serve both worlds; Redis refusing the store: sent, marked unstored."""
     from django.test import AsyncClient, Client, override_settings
@@ -650,6 +687,7 @@ def main() -> None:
             "first": asyncio.run(read_one_chunk(AsyncClient)).decode(),
             "duplicate": asyncio.run(duplicate_of_the_cut_stream(AsyncClient)),
         },
+        "server_errors": lambda: case_server_errors(Client, AsyncClient),
         "real_redis": lambda: case_real_redis(port),
         "fail_open": case_fail_open,
         "settings": case_settings,

@@ -242,6 +242,8 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception]]] = [
     ({"replay_headers": ("transfer-encoding",)}, InvalidArgumentError),
     ({"replay_headers": ("content-length",)}, InvalidArgumentError),
     ({"namespace": "a{b}"}, InvalidArgumentError),
+    ({"server_errors": "keep"}, InvalidArgumentError),
+    ({"server_errors": True}, InvalidArgumentTypeError),
 ]
 
 
@@ -950,6 +952,77 @@ def test_an_app_raising_after_its_response_started_streaming_gives_the_key_back(
             await call(middleware, http_scope(), b"{}")
         app.raw = None
         assert (await call(middleware, http_scope(), b"{}")).status == 201
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+def test_server_errors_stored_are_replayed_and_never_run_again(status: int, native: bool) -> None:
+    """server_errors="store": the 5xx is kept whole and replayed, marked; the app ran once."""
+
+    async def scenario(client: Any) -> None:
+        app = App(status=status, chunks=[b'{"error":', b'"ledger"}'])
+        first, again = await twice(app, client, server_errors="store")
+        assert (first.status, again.status, again.body) == (status, status, b'{"error":"ledger"}')
+        assert again.header(b"idempotent-replayed") == b"true"
+        assert app.runs == 1
+
+    run(scenario, native)
+
+
+def test_a_503_and_release_statuses_are_given_back_even_when_server_errors_are_stored() -> None:
+    """server_errors="store" keeps a 5xx, but a 503 (in release_statuses) still asks for the retry that runs."""
+
+    async def scenario(client: Any) -> None:
+        for status in (503, 429):
+            app = App(status=status)
+            middleware = wrap(app, client, server_errors="store")
+            first = await call(middleware, http_scope(key=f"k-{status}"), b"{}")
+            app.status = 201
+            retry = await call(middleware, http_scope(key=f"k-{status}"), b"{}")
+            assert (first.status, retry.status, app.runs) == (status, 201, 2)
+
+    run(scenario)
+
+
+def test_an_app_that_raises_keeps_a_500_when_server_errors_are_stored(native: bool) -> None:
+    """server_errors="store": the exception goes on, a 500 server-error problem is kept; the retry is not run."""
+
+    async def scenario(client: Any) -> None:
+        async def crash() -> None:
+            raise RuntimeError("the ledger row is written, then this")
+
+        app = App(before=crash)
+        middleware = wrap(app, client, server_errors="store", problem_docs="https://docs.example/problems")
+        with pytest.raises(RuntimeError):
+            await call(middleware, http_scope(), b"{}")
+        app.before = None
+        again = await call(middleware, http_scope(), b"{}")
+        assert again.status == 500
+        assert again.header(b"idempotent-replayed") == b"true"
+        assert json.loads(again.body)["type"] == "https://docs.example/problems#server-error"
+        assert app.runs == 1
+
+    run(scenario, native)
+
+
+def test_an_app_raising_mid_response_keeps_a_500_when_server_errors_are_stored() -> None:
+    """A 500 begun, then an exception: nothing was sent, the kept 500 problem answers the retry; one run."""
+
+    async def scenario(client: Any) -> None:
+        async def half(send: Any) -> None:
+            await send({"type": "http.response.start", "status": 500, "headers": []})
+            await send({"type": "http.response.body", "body": b"partial", "more_body": True})
+            raise RuntimeError("mid-response")
+
+        app = App(raw=half)
+        middleware = wrap(app, client, server_errors="store")
+        with pytest.raises(RuntimeError):
+            await call(middleware, http_scope(), b"{}")
+        app.raw = None
+        again = await call(middleware, http_scope(), b"{}")
+        assert again.problem(500)["detail"] == _http.SERVER_ERROR
+        assert app.runs == 1
 
     run(scenario)
 

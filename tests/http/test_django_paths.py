@@ -129,6 +129,26 @@ def test_under_wsgi_a_view_stopped_mid_request_keeps_the_key_closed(found: dict[
     assert found["runs"]["stopped"] == 1
 
 
+def test_a_view_failing_after_its_work_runs_again_or_once_with_server_errors_stored(found: dict[str, Any]) -> None:
+    """Given back, Django's 500 runs the view twice; stored, it ran once and its retry gets a replayed 500.
+
+    The middleware replays Django's own 500 page; decorated views (sync and async), whose
+    exception passes through the door, replay the server-error problem.
+    """
+    got = case(found, "server_errors")
+    assert [reply["status"] for reply in got["given_back"]] == [500, 500]
+    assert got["given_back_runs"] == 2
+    first, again = got["stored"]
+    assert (first["status"], again["status"], again["body"]) == (500, 500, first["body"])
+    assert again["idempotent-replayed"] == "true"
+    assert got["stored_runs"] == 1
+    for name in ("own", "own_async"):
+        first, again = got[name]
+        assert (first["status"], again["status"], again["problem"]) == (500, 500, "server-error"), name
+        assert again["idempotent-replayed"] == "true", name
+    assert (found["runs"]["transfer_own:failed"], found["runs"]["transfer_own_async:failed"]) == (1, 1)
+
+
 def test_under_wsgi_a_duplicate_of_a_running_request_is_409(found: dict[str, Any]) -> None:
     """``wait=0``: a duplicate arriving while the first runs is told 409 in-flight; the view ran once."""
     got = case(found, "in_flight")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from goblin_claim import _http
+from goblin_claim import InvalidArgumentError, InvalidArgumentTypeError, _http
 from goblin_claim._http import GIVE_BACK, STORE, Answer, Identity, Verdict
 
 LIMIT = 1024 * 1024  # the default max_response_bytes
@@ -116,6 +116,17 @@ VERDICTS = [
     ({}, 500, JSON, None, False, 10, GIVE_BACK),
     ({}, 503, [(b"content-type", b"text/event-stream")], "it is a streamed response", True, LIMIT + 1, GIVE_BACK),
     ({"release_statuses": ()}, 404, JSON, None, False, 10, STORE),
+    # server_errors="store": a 5xx is the endpoint's answer, kept like a 2xx; 503 and release_statuses still given back
+    ({"server_errors": "store"}, 500, JSON, None, False, 10, STORE),
+    ({"server_errors": "store"}, 504, JSON, None, False, None, STORE),
+    ({"server_errors": "store"}, 503, JSON, None, False, 10, GIVE_BACK),
+    ({"server_errors": "store"}, 429, JSON, None, False, 10, GIVE_BACK),
+    ({"server_errors": "store", "release_statuses": ()}, 503, JSON, None, False, 10, STORE),
+    ({"server_errors": "store", "release_statuses": {500}}, 500, JSON, None, False, 10, GIVE_BACK),
+    ({"server_errors": "store"}, 500, JSON, "it is a streamed response", False, None,
+     Verdict("pass", "it is a streamed response")),  # not kept whole: marked, never run again
+    ({"server_errors": "store"}, 500, JSON, None, False, LIMIT + 1,
+     Verdict("pass", f"its body is larger than max_response_bytes={LIMIT}")),
     ({}, 201, [(b"content-type", b"application/x-ndjson")], None, False, 10,
      Verdict("pass", "it is a application/x-ndjson stream")),
     ({}, 200, [(b"Content-Type", b"text/event-stream; charset=utf-8")], None, False, None,
@@ -134,10 +145,54 @@ def test_an_answer_is_stored_passed_through_or_given_back(
     given: dict[str, Any], status: int, headers: list[tuple[bytes, bytes]], unbuffered: str | None, trailers: bool,
     size: int | None, expected: Verdict,
 ) -> None:  # fmt: skip
-    """Given back first (every 5xx, release_statuses), then what cannot be kept, else stored."""
+    """Given back first (release_statuses, every 5xx unless stored), then what cannot be kept, else stored."""
     found = _http.verdict(options(**given), status, headers, unbuffered=unbuffered, trailers=trailers, size=size)
     assert found == expected
     assert _http.gives_back(options(**given), status) is (expected is GIVE_BACK)
+
+
+def test_an_exception_gives_the_key_back_unless_server_errors_are_stored() -> None:
+    """raised(): None by default (given back); with "store", the 500 server-error problem kept, documented."""
+    assert _http.raised(options()) is None
+    kept = _http.raised(options(server_errors="store"))
+    assert kept is not None
+    assert (kept.status, kept.code) == (500, "server-error")
+    assert (b"content-type", b"application/problem+json") in kept.headers
+    assert all(name != b"retry-after" for name, _ in kept.headers)  # retrying will not help: it is the answer
+    assert json.loads(kept.body) == {
+        "type": "about:blank", "title": "Internal Server Error", "status": 500, "detail": _http.SERVER_ERROR,
+    }  # fmt: skip
+    linked = _http.raised(options(server_errors="store", problem_docs="https://docs.example/problems"))
+    assert linked is not None
+    assert json.loads(linked.body)["type"] == "https://docs.example/problems#server-error"
+
+
+def test_the_store_replays_the_kept_failure_as_the_500_it_is() -> None:
+    """The kept problem, stored as a door stores it, replays as a 500 marked Idempotent-Replayed."""
+    kept = _http.raised(options(server_errors="store"))
+    assert kept is not None
+    payload = _http.stored_payload("fp", kept.status, kept.headers, options().keeps_header, kept.body)
+    again = _http.replay(payload, "fp")
+    assert (again.status, again.body) == (500, kept.body)
+    assert _http.REPLAYED_HEADER in again.headers
+    assert (b"content-type", b"application/problem+json") in again.headers
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "says"),
+    [
+        ("give_back", InvalidArgumentError, "server_errors must be 'give back' or 'store', not 'give_back'"),
+        ("", InvalidArgumentError, "server_errors must be 'give back' or 'store', not ''"),
+        (True, InvalidArgumentTypeError, "server_errors must be the str 'give back' or 'store', not True"),
+        (None, InvalidArgumentTypeError, "server_errors must be the str 'give back' or 'store', not None"),
+    ],
+)
+def test_server_errors_takes_give_back_or_store(given: object, error: type[Exception], says: str) -> None:
+    """Give back by default; anything but the two words is a typed error naming the option."""
+    assert options().server_errors == "give back"
+    assert options(server_errors="store").server_errors == "store"
+    with pytest.raises(error, match=f"^{says}$"):
+        options(server_errors=given)
 
 
 def test_a_lost_claim_is_answered_503_with_retry_after() -> None:

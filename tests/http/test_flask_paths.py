@@ -309,6 +309,54 @@ def test_a_view_stopped_mid_request_keeps_the_key_closed(redis_client: Any, capl
     assert service.runs == {"order": 1}
 
 
+@pytest.mark.parametrize("propagate", [False, True], ids=["flask-500", "propagated"])
+@pytest.mark.parametrize(("server_errors", "runs"), [("give back", 2), ("store", 1)])
+def test_a_view_that_raises_gives_the_key_back_or_keeps_a_500(
+    redis_client: Any, propagate: bool, server_errors: str, runs: int
+) -> None:
+    """A view raising after its work: Flask's 500 (or, propagated, the exception) gives back or keeps a 500."""
+    service = Service(redis_client, server_errors=server_errors)
+    service.app.config["PROPAGATE_EXCEPTIONS"] = propagate
+
+    @service.app.post("/transfers")
+    def transfer() -> str:
+        service.count("transfer")  # the work, committed
+        raise LookupError("the queue is down")
+
+    def send() -> Any:
+        if not propagate:
+            return service.http.post("/transfers", json={}, headers=KEY)
+        with pytest.raises(LookupError):
+            service.http.post("/transfers", json={}, headers=KEY)
+        return None
+
+    first = send()
+    assert first is None or first.status_code == 500
+    if server_errors == "store":
+        again = service.http.post("/transfers", json={}, headers=KEY)
+        assert (again.status_code, problem(again), again.headers["Idempotent-Replayed"]) == (
+            500, "server-error", "true",
+        )  # fmt: skip
+    else:
+        send()  # given back: the retry runs the view again
+    assert service.runs == {"transfer": runs}
+
+
+def test_a_500_the_view_returns_is_replayed_when_server_errors_are_stored(redis_client: Any) -> None:
+    """server_errors="store": a 500 the view answered after its work is kept and replayed; one run."""
+    service = Service(redis_client, server_errors="store")
+
+    @service.app.post("/transfers")
+    def transfer() -> tuple[str, int]:
+        return f"failed after run {service.count('transfer')}", 500
+
+    first = service.http.post("/transfers", json={}, headers=KEY)
+    again = service.http.post("/transfers", json={}, headers=KEY)
+    assert (first.status_code, again.status_code, again.data) == (500, 500, b"failed after run 1")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert service.runs == {"transfer": 1}
+
+
 def test_a_claim_lost_while_the_view_ran_is_503(redis_client: Any) -> None:
     """The key gone when the view finished (its lease lapsed): 503 claim-lost, the view's answer not given out."""
     service = Service(redis_client)

@@ -14,7 +14,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from goblin_claim import InvalidArgumentTypeError
+from goblin_claim import InvalidArgumentTypeError, _http
 from goblin_claim.testing import fake_async_redis, fake_redis
 from goblin_claim.wsgi import IdempotencyMiddleware
 
@@ -104,6 +104,29 @@ def test_an_app_raising_gives_the_key_back(client: Any) -> None:
     app.stop = None
     assert call(middleware).status == 201
     assert app.runs == 2
+
+
+def test_an_app_raising_keeps_a_500_when_server_errors_are_stored(client: Any) -> None:
+    """server_errors="store": the exception reaches the server; the retry gets the kept 500, unrun."""
+    app = App(stop=RuntimeError("the ledger row is written, then this"))
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS, server_errors="store")
+    with pytest.raises(RuntimeError):
+        call(middleware)
+    app.stop = None
+    again = call(middleware)
+    assert (again.status, again.headers["idempotent-replayed"]) == (500, "true")
+    assert json.loads(again.body)["detail"] == _http.SERVER_ERROR
+    assert app.runs == 1
+
+
+def test_a_500_is_replayed_when_server_errors_are_stored(client: Any) -> None:
+    """server_errors="store": a 500 the app answered is stored before it is sent, and replayed; one run."""
+    app = App(status="500 Internal Server Error", chunks=[b"ledger ", b"failed"])
+    middleware = IdempotencyMiddleware(app, client=client, namespace=NS, server_errors="store")
+    first, again = call(middleware), call(middleware)
+    assert (first.status, again.status, again.body) == (500, 500, b"ledger failed")
+    assert again.headers["idempotent-replayed"] == "true"
+    assert app.runs == 1
 
 
 def test_a_worker_stopped_mid_request_keeps_the_key_closed(client: Any) -> None:

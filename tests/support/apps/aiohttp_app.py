@@ -59,6 +59,7 @@ async def answer(request: web.Request) -> web.Response:
     counters = redis.asyncio.Redis(host="127.0.0.1", port=PORT)
     await counters.incr(answers.counter(NAMESPACE, asked.tag))
     await counters.aclose()
+    asked.fail_if_asked()
 
     async def pieces() -> AsyncIterator[bytes]:
         for piece in asked.chunks():
@@ -84,6 +85,7 @@ application = web.Application(
             lease=int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
             at_most_once=os.environ.get("GOBLIN_TEST_AT_MOST_ONCE") == "1",
             expose_holder=os.environ.get("GOBLIN_TEST_EXPOSE_HOLDER") == "1",
+            server_errors=answers.SERVER_ERRORS,
         )
     ]
 )

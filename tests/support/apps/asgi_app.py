@@ -62,6 +62,7 @@ async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
     counters = redis.asyncio.Redis(host="127.0.0.1", port=PORT)
     await counters.incr(answers.counter(NAMESPACE, asked.tag))
     await counters.aclose()
+    asked.fail_if_asked()
     headers = [(name.lower().encode(), value.encode()) for name, value in asked.headers]
     await send({"type": "http.response.start", "status": asked.status, "headers": headers})
     pieces = list(asked.chunks()) if asked.stream else [asked.body]
@@ -78,4 +79,5 @@ application = IdempotencyMiddleware(
     lease=int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
     at_most_once=os.environ.get("GOBLIN_TEST_AT_MOST_ONCE") == "1",
     expose_holder=os.environ.get("GOBLIN_TEST_EXPOSE_HOLDER") == "1",
+    server_errors=answers.SERVER_ERRORS,
 )

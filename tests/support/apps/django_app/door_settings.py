@@ -25,6 +25,7 @@ GOBLIN_CLAIM_IDEMPOTENCY = {
     "lease": int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
     "at_most_once": os.environ.get("GOBLIN_TEST_AT_MOST_ONCE") == "1",
     "expose_holder": os.environ.get("GOBLIN_TEST_EXPOSE_HOLDER") == "1",
+    "server_errors": answers.SERVER_ERRORS,
 }
 # The tests' auth is a header read by a custom middleware, not Django's AuthenticationMiddleware.
 SILENCED_SYSTEM_CHECKS = ["goblin_claim.W001"]

@@ -86,6 +86,7 @@ def answer(request: HttpRequest) -> HttpResponseBase:
     """``/answer`` (tests/support/apps/answers.py) in Django: a StreamingHttpResponse when asked for a stream."""
     asked = answers.asked(request.META.get("QUERY_STRING", ""))
     _sync().incr(answers.counter(NAMESPACE, asked.tag))
+    asked.fail_if_asked()
     response: HttpResponseBase
     if asked.stream:
         response = StreamingHttpResponse(asked.chunks(), status=asked.status)

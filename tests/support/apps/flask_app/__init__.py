@@ -34,6 +34,7 @@ UNIT = {
     "at_most_once": os.environ.get("GOBLIN_TEST_AT_MOST_ONCE") == "1",
     "expose_holder": os.environ.get("GOBLIN_TEST_EXPOSE_HOLDER") == "1",
     "lease": int(os.environ.get("GOBLIN_TEST_LEASE", "30")),
+    "server_errors": answers.SERVER_ERRORS,
 }
 _counters = redis.Redis(host="127.0.0.1", port=PORT)
 answers.log_to_file()
@@ -119,6 +120,7 @@ def _answer() -> Response:
     """``/answer`` (tests/support/apps/answers.py) in Flask: a streamed response when asked for one."""
     asked = answers.asked(request.query_string.decode())
     _counters.incr(answers.counter(NAMESPACE, asked.tag))
+    asked.fail_if_asked()
     return Response(asked.chunks() if asked.stream else asked.body, status=asked.status, headers=asked.headers)
 
 
@@ -133,6 +135,7 @@ def bare(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterabl
     if environ["PATH_INFO"] in ("/answer", "/answer/ignored"):
         asked = answers.asked(environ.get("QUERY_STRING", ""))
         _counters.incr(answers.counter(NAMESPACE, asked.tag))
+        asked.fail_if_asked()
         start_response(f"{asked.status} {HTTPStatus(asked.status).phrase}", asked.headers)
         return asked.chunks() if asked.stream else [asked.body]
     if environ["REQUEST_METHOD"] != "POST" or environ["PATH_INFO"] != "/orders/sync":
