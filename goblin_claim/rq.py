@@ -19,11 +19,11 @@ its queue at once, the jobs queued behind it run first, and when it comes round 
 waits again. No scheduler is involved, so a restarted worker whose scheduler has not
 come back still takes over a dead holder's work once its lease lapses. That retry
 never spends one of the job's own ``Retry`` attempts, never ends FAILED and logs no
-traceback (RQ logs "enqueued for retry" at INFO). ``wait=0`` holds no worker at all:
-the retry is then scheduled for when the holder's lease lapses (``retry_after``),
-which needs RQ's scheduler (``rq worker --with-scheduler``). RQ re-runs a job whose
-work-horse was killed only through ``Retry``: enqueue with one for at-least-once
-delivery.
+traceback (RQ counts each round as a failed job of its worker's). ``wait=0`` holds no
+worker at all: the retry is then scheduled for when the holder's lease lapses
+(``retry_after``), which needs RQ's scheduler (``rq worker --with-scheduler``). RQ
+re-runs a job whose work-horse was killed only through ``Retry``: enqueue with one for
+at-least-once delivery.
 
 ``enqueue_once(queue, func, *args, **kwargs)`` enqueues a job only when its key has
 none queued, running or done, and otherwise returns the first job.
