@@ -52,6 +52,7 @@ from . import _events
 from ._decorator.idempotent import idempotent
 from ._defaults import WAIT
 from ._errors import InterruptedWorkError, InvalidArgumentError, InvalidArgumentTypeError, StillInFlightError
+from ._protocol.record import build_keys
 
 __all__ = [
     "WAIT",
@@ -59,6 +60,7 @@ __all__ = [
     "acked",
     "call_with_first",
     "current_first",
+    "enqueue_marker",
     "job_function",
     "lapse_delay",
     "plain_result",
@@ -71,6 +73,8 @@ __all__ = [
 _MARGIN = 0.05
 # When the lease left is unknown (the claim freed between two reads), retry soon.
 _UNKNOWN = 1.0
+# enqueue_once's marker: beside the record, holding the first job's id.
+ENQUEUE_MARKER_SUFFIX = ":task"
 
 _first_argument: contextvars.ContextVar[Any] = contextvars.ContextVar("goblin_claim_job_first_argument")
 
@@ -143,6 +147,18 @@ def acked(log: logging.Logger, decorated: Any, exc: InterruptedWorkError) -> Non
         key if _events.LOG_KEYS else fields["key_digest"], namespace, exc.claimed_at.isoformat(timespec="seconds"),
         extra=fields,
     )  # fmt: skip
+
+
+def enqueue_marker(decorated: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """The key holding the id of the first job enqueued for the key these arguments map to (``enqueue_once``).
+
+    It sits beside the record, as the fence counter does (``<namespace>:{<key>}:task``), in
+    the claim's slot and namespace; Celery keeps its task id there and RQ its job id, and
+    ``goblin-claim inspect`` / ``forget`` know it by that suffix.
+    """
+    spec = decorated._goblin_spec
+    record, _ = build_keys(spec.namespace, spec.key_of(tuple(args), dict(kwargs)))
+    return record + ENQUEUE_MARKER_SUFFIX
 
 
 def plain_result(result: Any) -> Any:

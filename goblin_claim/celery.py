@@ -55,8 +55,7 @@ from celery.utils import uuid
 
 from ._defaults import LEASE
 from ._errors import InterruptedWorkError, StillInFlightError
-from ._jobs import acked, job_function, plain_result, retry_delay, split_options
-from ._protocol.record import build_keys
+from ._jobs import acked, enqueue_marker, job_function, plain_result, retry_delay, split_options
 
 __all__ = ["IdempotentTask"]
 
@@ -146,6 +145,4 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
 
     def _enqueue_marker(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The key holding the first message's task id, in the claim's slot and namespace."""
-        spec = self._goblin_job()._goblin_spec
-        record, _ = build_keys(spec.namespace, spec.key_of(args, kwargs))
-        return record + ":task"  # beside the record, as the fence counter is
+        return enqueue_marker(self._goblin_job(), args, kwargs)

@@ -31,7 +31,7 @@ class KeyReport:
     problem: bool = False
     exists: bool = False  # the record, as forget() would delete it
     legacy: list[str] = field(default_factory=list)  # an older release's keys of the same key, still there
-    marker: str | None = None  # Celery's enqueue_once marker beside the record, when there is one
+    marker: str | None = None  # the enqueue_once marker beside the record (Celery's, RQ's), when there is one
     checkpoint: str | None = None  # the progress an owner saved beside the record, when there is one
     todo: str = ""  # what the operator may do about the state, when it calls for something
 
@@ -175,7 +175,10 @@ def inspect_key(client: Client, namespace: str, key: str) -> KeyReport:
         lines.append(f"fence   {fence}: {_shown(counter)} (the fence of the latest claim)")
     if first is not None:
         report.marker = marker
-        lines.append(f"task    {marker}: {_shown(first)}, {_ttl(int(replies[-3]))} (Celery's enqueue_once marker)")
+        lines.append(
+            f"task    {marker}: {_shown(first)}, {_ttl(int(replies[-3]))} "
+            "(enqueue_once's marker: the first Celery task's or RQ job's id)"
+        )
     _describe_legacy(report, legacy, replies[4:-4])  # between the fence's replies and the marker's
     return report
 

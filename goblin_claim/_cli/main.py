@@ -384,7 +384,7 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
         return EXIT_PROBLEM if report.problem else EXIT_OK
     try:
         deleted = Claim(client, args.key, namespace=args.namespace).forget()
-        if report.marker is not None:  # as the Celery task's own forget() does: let the next delay() through
+        if report.marker is not None:  # as the door's own forget() does: let the next enqueue through
             client.delete(report.marker)
     except GoblinClaimError as exc:
         print(f"goblin-claim forget: {exc}", file=out)
@@ -399,7 +399,10 @@ def _run(args: argparse.Namespace, client: Client, cluster: bool, out: TextIO) -
             print(f"  deleted {report.checkpoint} too: the progress an owner saved, so it starts afresh", file=out)
         print("  the next acquire() claims it and runs the work again", file=out)
     if report.marker is not None:
-        print(f"  deleted {report.marker}: Celery's enqueue_once marker, so delay() sends the task again", file=out)
+        print(
+            f"  deleted {report.marker}: enqueue_once's marker, so the next delay() or enqueue_once() enqueues again",
+            file=out,
+        )
     for name in report.legacy:
         print(f"  left {name}: an older release's key, which this release neither reads nor deletes", file=out)
     return EXIT_OK

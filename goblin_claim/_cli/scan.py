@@ -34,7 +34,7 @@ _ESCAPED = re.compile(r"%(25|7B|7D)")
 _UNESCAPED = {"25": "%", "7B": "{", "7D": "}"}
 _GLOB = re.compile(r"([*?\[\]\\])")
 _FENCE = FENCE_SUFFIX.encode()
-# The Celery door's enqueue_once keeps the first message's task id beside the record.
+# enqueue_once (the Celery and RQ doors) keeps the first task's or job's id beside the record.
 _TASK = b":task"
 # checkpoints=True keeps the last progress an owner saved beside the record.
 _CHECKPOINT = CHECKPOINT_SUFFIX.encode()
@@ -101,7 +101,7 @@ def parse_name(name: bytes, prefix: bytes) -> tuple[bytes, bytes] | None:
     """(hash tag, suffix) of a name under ``prefix`` (``<ns>:{``), else ``None``.
 
     The suffix is ``b""`` for a record ``<ns>:{<tag>}``, ``b":fence"`` for its fence
-    counter, ``b":task"`` for Celery's enqueue_once marker, ``b":checkpoint"`` for the
+    counter, ``b":task"`` for enqueue_once's marker (Celery, RQ), ``b":checkpoint"`` for the
     progress an owner saved (``checkpoints=True``), and ``b":claim"`` or
     ``b":result"`` for an older release's two keys.
     """
@@ -301,7 +301,7 @@ def _entries(conn: Any, prefix: bytes, names: Sequence[bytes]) -> Iterator[Entry
             continue
         tag, suffix = parsed
         if suffix in _BESIDE:
-            continue  # a fence counter, Celery's marker, a checkpoint: beside the record by design
+            continue  # a fence counter, enqueue_once's marker, a checkpoint: beside the record by design
         if suffix:
             legacy.append((name, tag, suffix))
         else:
@@ -395,7 +395,7 @@ def namespaces(client: Client, cluster: bool, batch: int = DEFAULT_BATCH) -> dic
 
     One SCAN MATCH ``*:{*`` walk of every primary, names only (nothing is read): a key
     counts as ``scan`` lists it (a record, or an older release's claim or result key;
-    not a fence counter, Celery's marker or a checkpoint), so a namespace whose records are gone but
+    not a fence counter, enqueue_once's marker or a checkpoint), so a namespace whose records are gone but
     a fence counter is left shows 0. Another application's keys named ``<x>:{<y>}``
     look the same and are counted too: ``scan --namespace`` reads them.
     """

@@ -45,7 +45,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "goblin_claim.flask": ("Idempotency", "idempotency_key"),
     "goblin_claim.aiohttp": ("IdempotencyMiddleware", "idempotency_key"),
     "goblin_claim.celery": ("IdempotentTask",),
-    "goblin_claim.rq": ("idempotent_job",),
+    "goblin_claim.rq": ("enqueue_once", "idempotent_job"),
     "goblin_claim.dramatiq": ("Idempotency",),
     "goblin_claim.arq": ("idempotent_job",),
     "goblin_claim.faststream": ("idempotent_handler",),

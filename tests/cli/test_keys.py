@@ -298,13 +298,13 @@ def test_a_celery_tasks_key_and_its_enqueue_once_marker(
     assert found.returncode == 0, found.stderr
     assert f"record  {record}: done by " in found.stdout
     assert f"task    {record}:task: '" in found.stdout
-    assert "Celery's enqueue_once marker" in found.stdout
+    assert "enqueue_once's marker: the first Celery task's or RQ job's id" in found.stdout
     listed = cli("scan", "--json", "--namespace", name, "--url", target)
     assert listed.returncode == 0, listed.stderr
     assert [json.loads(line)["key"] for line in listed.stdout.splitlines()] == [event]  # not the marker
     gone = cli("forget", event, "--task", name, "--url", target)
     assert gone.returncode == 0, gone.stderr
-    assert f"deleted {record}:task: Celery's enqueue_once marker" in gone.stdout
+    assert f"deleted {record}:task: enqueue_once's marker" in gone.stdout
     assert stock.exists(record, record + ":task") == 0
     assert capture.delay(event, 5).id != first.id  # sent, and run, again
     assert runs == {event: 2}

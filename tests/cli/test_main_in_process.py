@@ -402,12 +402,12 @@ def test_inspect_and_forget_a_celery_marker_beside_the_record(
     status, text = run("inspect", "evt-7", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 0
     assert f"task    {marker}: 'task-id-1', TTL " in text
-    assert "(Celery's enqueue_once marker)" in text
+    assert "(enqueue_once's marker: the first Celery task's or RQ job's id)" in text
     status, text = run("forget", "evt-7", "--namespace", ns, "--url", url(redis_standalone))
     assert status == 0
     assert f"forgot 'evt-7': deleted {handle.claim_key}" in text
     assert "  it was: held by 'worker-7', lease ends in " in text
-    assert f"  deleted {marker}: Celery's enqueue_once marker, so delay() sends the task again" in text
+    assert f"  deleted {marker}: enqueue_once's marker, so the next delay() or enqueue_once() enqueues again" in text
     assert stock.exists(handle.claim_key, marker) == 0
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import importlib
+import multiprocessing
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +37,33 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from goblin_claim import Claim, Completed, InterruptedWorkError, StillInFlightError
+from goblin_claim import (
+    Claim,
+    Completed,
+    InterruptedWorkError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    StillInFlightError,
+)
 from goblin_claim._events import key_digest
 from goblin_claim._handle import CHECKPOINT_SUFFIX
+from goblin_claim.rq import enqueue_once
+from goblin_claim.testing import fake_redis
 
 pytestmark = pytest.mark.timeout(90)
 
 LEASE = 3
 NAMESPACE = "jobs.rq.charge"
+# The worker options the RQ page gives for recovery after a whole worker's death: RQ's
+# maintenance (which takes a dead scheduler's lock and hands a dead worker's jobs to their
+# Retry) every 5 s, a loop that wakes every 5 s to run it (dequeue timeout = worker-ttl - 15),
+# and a work-horse heartbeat every 5 s.
+RECOVERY_OPTIONS = ("--maintenance-interval", "5", "--worker-ttl", "20", "--job-monitoring-interval", "5")
+# The RQ page's bounds after a whole worker's death (SIGKILL, restarted at once with RECOVERY_OPTIONS):
+# a duplicate waiting on the dead job's key takes the work over within the lease and a round;
+# the killed job itself comes back through RQ's abandoned-job handling (60 s of RQ's own, then maintenance).
+DUPLICATE_BOUND = LEASE + 5
+KILLED_JOB_BOUND = 80
 
 
 @pytest.fixture
@@ -52,17 +74,26 @@ def queue(data: redis.Redis) -> Queue:
 
 @pytest.fixture
 def worker(broker: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    """Start rq workers (with the scheduler, for scheduled retries); each is stopped by PID afterwards."""
+    """Start rq workers (with the scheduler, for scheduled retries, and ``options``), each stopped by PID afterwards."""
     with workers(broker.port, LEASE, tmp_path) as started:
 
-        def start(name: str = "w1") -> Worker:
+        def start(name: str = "w1", options: Sequence[str] = ()) -> Worker:
             argv = python(
                 "-m", "rq.cli", "worker", "--url", f"redis://127.0.0.1:{broker.port}/0", "--with-scheduler",
-                "--serializer", "rq.serializers.JSONSerializer", "--name", f"{name}-{broker.port}", "default",
+                "--serializer", "rq.serializers.JSONSerializer", "--name", f"{name}-{broker.port}", *options,
+                "default",
             )  # fmt: skip
             return started.start(argv, name, "Listening on")
 
         yield start
+
+
+@pytest.fixture
+def jobs(broker: RedisProcess) -> Any:
+    """The test jobs' module, loaded afresh: a job called in this process makes its client on this test's Redis."""
+    import tests.support.apps.jobs.rq_jobs as module
+
+    return importlib.reload(module)
 
 
 def _enqueue(queue: Queue, event_id: str, amount: int, retry: Retry | None = None) -> Job:
@@ -161,21 +192,83 @@ def test_a_duplicate_is_answered_when_the_first_completes(
 def test_duplicate_of_a_long_job_gives_its_worker_back(
     queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
 ) -> None:
-    """A duplicate of a job outliving the holder's lease left is scheduled again: the second worker runs other jobs."""
-    worker("w1")
-    worker("w2")
+    """A duplicate of a job outliving its wait goes back to the end of the queue: the second worker runs other jobs."""
+    first_worker = worker("w1")
+    second_worker = worker("w2")
     data.set("pause:before:long", 6)
     first = _enqueue(queue, "long", 1)
     first_pid(data, "long")
     duplicate = _enqueue(queue, "long", 1)
-    # It waits at most the 3 s lease left, then is scheduled for after the lease.
-    wait_until(lambda: duplicate.get_status(refresh=True) == JobStatus.SCHEDULED, 10, "the duplicate to be scheduled")
-    other = _enqueue(queue, "other", 2)
+    wait_until(lambda: duplicate.get_status(refresh=True) == JobStatus.STARTED, 10, "the duplicate to start")
+    other = _enqueue(queue, "other", 2)  # queued behind the duplicate's wait of a round (the 3 s lease left)
     assert _finish(other, timeout=10)["event_id"] == "other"
     assert first.get_status(refresh=True) == JobStatus.STARTED  # still running: the duplicate gave its worker back
     assert _finish(first) == _finish(duplicate) == {"event_id": "long", "amount": 1, "charge_number": 1}
     assert charges(data, "long") == 1
-    assert duplicate.retries_left is None  # the borrowed retry was given back
+    duplicate.refresh()
+    assert (duplicate.number_of_retries or 0) >= 1  # it went round at least once
+    assert duplicate.retries_left is None  # none of its own retries spent (it had none)
+    logs = first_worker.text() + second_worker.text()
+    assert "Traceback" not in logs
+    assert "exception raised while executing" not in logs
+
+
+def test_with_wait_0_a_duplicate_is_scheduled_for_the_lapse(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker]
+) -> None:
+    """wait=0: a duplicate of a running job holds no worker, it is scheduled for the lapse (RQ's scheduler), once."""
+    from tests.support.apps.jobs.rq_jobs import charge_nowait
+
+    first_worker = worker("w1")
+    second_worker = worker("w2")
+    data.set("pause:before:nowait", 5)
+    first = queue.enqueue(charge_nowait, "nowait", 1)
+    first_pid(data, "nowait")
+    duplicate = queue.enqueue(charge_nowait, "nowait", 1)
+    wait_until(lambda: duplicate.get_status(refresh=True) == JobStatus.SCHEDULED, 10, "the duplicate to be scheduled")
+    assert first.get_status(refresh=True) == JobStatus.STARTED
+    assert _finish(first) == _finish(duplicate) == {"event_id": "nowait", "amount": 1, "charge_number": 1}
+    assert charges(data, "nowait") == 1
+    assert "Traceback" not in first_worker.text() + second_worker.text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_whole_worker_killed_mid_job_and_restarted_recovers_within_the_pages_bounds(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker], figures: Callable[[str], None]
+) -> None:
+    """The worker, its scheduler and its work-horse SIGKILLed mid-job, restarted at once (the page's options).
+
+    Its scheduler's lock outlives it (about 60 s), so the restarted worker has no scheduler
+    meanwhile. A duplicate waiting on the dead job's key needs none: it goes round the queue
+    and takes the work over once the lease lapses. The killed job comes back through RQ's
+    abandoned-job handling and its Retry, and returns the stored result: one side effect.
+    """
+    from tests.support.apps.jobs.rq_jobs import charge_brief
+
+    running = worker("w1", RECOVERY_OPTIONS)
+    event = "evt-whole"
+    data.set(f"pause:before:{event}", 60)
+    killed = queue.enqueue(charge_brief, event, 9, retry=Retry(max=1, interval=0))
+    horse = first_pid(data, event)
+    duplicate = queue.enqueue(charge_brief, event, 9)  # queued behind it: one worker
+    killed_at = time.monotonic()
+    os.killpg(running.process.pid, signal.SIGKILL)  # the worker and its scheduler
+    os.killpg(horse, signal.SIGKILL)  # the work-horse leads a process group of its own
+    running.process.wait(timeout=10)
+    assert data.exists("rq:scheduler-lock:default")  # the dead scheduler's lock lives on
+    worker("w2", RECOVERY_OPTIONS)  # the supervisor's restart (another name: the dead one's is registered)
+    answer = {"event_id": event, "amount": 9, "charge_number": 1}
+    assert _finish(duplicate, timeout=DUPLICATE_BOUND) == answer
+    duplicate_after = time.monotonic() - killed_at
+    assert _finish(killed, timeout=KILLED_JOB_BOUND) == answer
+    killed_after = time.monotonic() - killed_at
+    figures(
+        f"rq: whole worker SIGKILLed mid-job (lease {LEASE} s), restarted at once: a duplicate FINISHED "
+        f"{duplicate_after:.1f} s later, the killed job (abandoned -> Retry) {killed_after:.1f} s later"
+    )
+    assert charges(data, event) == 1
+    assert data.llen(f"pids:{event}") == 2  # the killed run, then the duplicate's takeover; the retry replayed
 
 
 def test_called_outside_a_worker_in_flight_raises(data: redis.Redis) -> None:
@@ -250,3 +343,95 @@ def test_a_killed_checkpointed_job_resumes_after_its_last_checkpoint(
     assert _finish(job) == {"event_id": event, "resumed_after": 2}
     assert [int(data.get(f"step:{event}:{step}") or 0) for step in range(1, 5)] == [1, 1, 1, 1]
     assert data.get(checkpoint) is None  # the stored result cleared it
+
+
+def test_enqueue_once_from_racing_processes_and_threads_enqueues_one_job(
+    queue: Queue, data: redis.Redis, jobs: Any
+) -> None:
+    """Six processes, then eight threads, call enqueue_once for one key at once: one job each time, one id for all."""
+    charge, enqueue_once_racer = jobs.charge, jobs.enqueue_once_racer
+
+    context = multiprocessing.get_context("spawn")
+    start, out = context.Barrier(6), context.Queue()
+    url = data.connection_pool.connection_kwargs
+    racers = [
+        context.Process(
+            target=enqueue_once_racer,
+            args=(f"redis://{url['host']}:{url['port']}/0", start, out, "evt-race"),
+        )
+        for _ in range(6)
+    ]
+    for racer in racers:
+        racer.start()
+    ids = [out.get(timeout=60) for _ in racers]
+    for racer in racers:
+        racer.join(timeout=10)
+        assert racer.exitcode == 0
+    assert len(set(ids)) == 1
+    assert queue.job_ids == ids[:1]  # one job enqueued, the one every caller got
+
+    barrier, got = threading.Barrier(8), []
+
+    def call() -> None:
+        barrier.wait()
+        got.append(enqueue_once(queue, charge, "evt-race-threads", 5).id)
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(got) == 8
+    assert len(set(got)) == 1
+    assert queue.job_ids == [ids[0], got[0]]
+
+
+def test_enqueue_once_returns_the_first_job_while_its_key_is_queued_or_done(
+    queue: Queue, data: redis.Redis, worker: Callable[..., Worker], jobs: Any
+) -> None:
+    """Queued, done, let go by RQ, failed, forgotten: enqueue_once enqueues only where the key needs a run."""
+    charge, charge_flaky = jobs.charge, jobs.charge_flaky
+
+    first = enqueue_once(queue, charge, "evt-once", 5, retry=Retry(max=1))
+    assert enqueue_once(queue, charge, "evt-once", 5).id == first.id  # queued: not again
+    assert queue.job_ids == [first.id]
+    marker = f"{Claim(data, 'evt-once', namespace=NAMESPACE).claim_key}:task"
+    assert data.get(marker) == first.id.encode()  # beside the record, where the CLI looks
+    worker()
+    answer = {"event_id": "evt-once", "amount": 5, "charge_number": 1}
+    assert _finish(first) == answer
+    done = enqueue_once(queue, charge, "evt-once", 5)
+    assert done.id == first.id
+    assert done.get_status() == JobStatus.FINISHED
+    first.delete()  # what RQ does once the job's result_ttl has passed
+    again = enqueue_once(queue, charge, "evt-once", 5)
+    assert again.id == first.id  # enqueued again under its id...
+    assert _finish(again) == answer  # ...it replays the stored result
+    assert charges(data, "evt-once") == 1
+    charge.forget("evt-once", 5)  # reopens the key, marker included
+    assert data.get(marker) is None
+    fresh = enqueue_once(queue, charge, "evt-once", 5)
+    assert fresh.id != first.id
+    assert _finish(fresh)["charge_number"] == 2
+
+    data.set("fail:evt-flaky", 1)
+    failed = enqueue_once(queue, charge_flaky, "evt-flaky", 5)
+    wait_until(lambda: failed.get_status(refresh=True) == JobStatus.FAILED, 20, "the job to fail")
+    retried = enqueue_once(queue, charge_flaky, "evt-flaky", 5)  # its claim was given back: requeued
+    assert retried.id == failed.id
+    assert _finish(retried) == {"event_id": "evt-flaky", "amount": 5, "charge_number": 1}
+
+
+def test_enqueue_once_refuses_bad_input_before_writing_anything() -> None:
+    """A function not under @idempotent_job, or options RQ's unique enqueue refuses: typed errors, nothing written."""
+    from tests.support.apps.jobs.rq_jobs import charge
+
+    client = fake_redis(native=False)
+    queue = Queue(connection=client, serializer=JSONSerializer)
+    with pytest.raises(InvalidArgumentTypeError, match="@idempotent_job"):
+        enqueue_once(queue, print, "evt")
+    with pytest.raises(InvalidArgumentError, match="depends_on"):
+        enqueue_once(queue, charge, "evt", 5, depends_on="other-job")
+    with pytest.raises(InvalidArgumentTypeError):
+        enqueue_once(queue, charge, "evt")  # charge takes an amount too: what calling it would raise
+    assert client.dbsize() == 0
