@@ -42,7 +42,8 @@ class AsyncDoor:
     def __init__(self, client: Any, options: Options, user: str) -> None:
         self.options = options
         self._client = LazyClient(client, functools.partial(_check_client, user))
-        self.log = logging.getLogger(user.rpartition(".")[0])
+        _, door, _ = user.split(".", 2)  # goblin_claim.<door>.<Name>
+        self.log = logging.getLogger(f"goblin_claim.{door}")
 
     def claim(
         self, method: str, path: str, owner: str | None, key: str, fp: str, options: Options | None = None
@@ -62,6 +63,7 @@ class DoorClaim(AsyncClaim):
     """A request's claim, made by a door: what becomes of it is logged on that door's logger (``log``)."""
 
     __slots__ = ("log",)
+    log: logging.Logger
 
 
 # --------------------------------------------------------------------------- the claim's round trips
@@ -95,23 +97,20 @@ async def open_claim(
                     _mismatched()
                 return answer
             outcome = await claim.wait(timeout=options.wait)
-    except StillInFlightError as exc:
-        return _http.still_in_flight(options, exc.holder)
-    except InterruptedWorkError as exc:
-        # At most once: the attempt that began ended without a response; nothing runs it again (no Retry-After).
-        return _http.interrupted(options, exc.holder, exc.claimed_at.isoformat(timespec="milliseconds"))
-    except ResultLostError:
-        return _http.problem(500, _http.RESULT_LOST, code="result-lost")
-    except NotReplicatedError:
+    except (StillInFlightError, InterruptedWorkError, ResultLostError) as exc:
+        # Still running after the wait; at most once, an attempt that ended without a response (never run
+        # again, so no Retry-After); done, but its answer gone.
+        return _http.failure_answer(options, exc, options.wait)
+    except NotReplicatedError as exc:
         # Taken, or read back, on a primary whose replicas did not acknowledge it in time (replicas=):
         # a failover could lose it, so the app does not run on it; what this token took is given back.
         _log(claim).warning("key %s: the claim was not acknowledged by enough replicas, answering 503", _digest(claim))
         await to_the_end_async(give_back(claim))
-        return _http.problem(503, _http.UNAVAILABLE, retry=True)
+        return _http.failure_answer(options, exc)
     except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
         failed = type(exc).__name__
         _log(claim).warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), failed)
-        return _http.problem(503, _http.UNAVAILABLE, retry=True)
+        return _http.failure_answer(options, exc)
     except CANCELLED:
         # The claim (or wait()'s takeover) may have landed with its reply lost to the
         # cancellation: give this token's claim back, or the key stays blocked by

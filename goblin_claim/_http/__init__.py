@@ -27,12 +27,14 @@ from .answers import (
     RESULT_LOST,
     RETRY_AFTER,
     UNAVAILABLE,
+    UNREADABLE,
     Answer,
     Headers,
     documented,
     problem,
 )
 from .exchange import (
+    CALLERS_OWN,
     GIVE_BACK,
     STORE,
     UNSTORED_WARNING,
@@ -42,6 +44,7 @@ from .exchange import (
     body_refused,
     claim_lost,
     covers,
+    failure_answer,
     gives_back,
     identify,
     oversize,
@@ -101,6 +104,7 @@ from .stored import (
 
 __all__ = [
     "ABANDONED",
+    "CALLERS_OWN",
     "CUT_STREAM",
     "DEFAULTS",
     "DEFAULT_NEVER_REPLAYED",
@@ -131,6 +135,7 @@ __all__ = [
     "STORE",
     "STORE_WINDOW",
     "UNAVAILABLE",
+    "UNREADABLE",
     "UNSTORED_HEADER",
     "UNSTORED_WARNING",
     "AbandonedRequest",
@@ -155,6 +160,7 @@ __all__ = [
     "covers",
     "declared_length",
     "documented",
+    "failure_answer",
     "fingerprint",
     "gives_back",
     "holder_fp",
