@@ -275,9 +275,12 @@ def test_redis_unreachable_with_fail_open_runs_the_view_once_per_delivery_in_bot
 def test_settings_the_door_refuses_are_improperly_configured(found: dict[str, Any]) -> None:
     """Unset, not a dict, no client, a bad or unknown option, a client of the wrong kind: each says what is wrong."""
     got = case(found, "settings")
-    assert got["unset"] == "settings.GOBLIN_CLAIM_IDEMPOTENCY is not set: give at least {'client': 'redis://...'}"
+    assert got["unset"] == (
+        "settings.GOBLIN_CLAIM_IDEMPOTENCY is not set: give at least {'client': 'redis://...'}, "
+        "or set GOBLIN_CLAIM_CLIENT"
+    )
     assert got["not_a_dict"] == "settings.GOBLIN_CLAIM_IDEMPOTENCY must be a dict of options, not list"
-    assert got["no_client"].startswith("GOBLIN_CLAIM_IDEMPOTENCY needs a 'client'")
+    assert got["no_client"].startswith("GOBLIN_CLAIM_IDEMPOTENCY needs a 'client', or settings.GOBLIN_CLAIM_CLIENT")
     assert got["bad_option"].startswith("GOBLIN_CLAIM_IDEMPOTENCY: wait must be")
     assert got["unknown_option"].startswith("GOBLIN_CLAIM_IDEMPOTENCY: unknown option 'colour'")
     assert got["wrong_kind"].startswith("GOBLIN_CLAIM_IDEMPOTENCY['client'] under WSGI needs a sync client")
@@ -338,5 +341,5 @@ def test_a_client_object_or_a_dotted_path_to_one_serves_as_the_setting(found: di
 def test_a_valkey_url_without_valkey_py_is_improperly_configured(found: dict[str, Any]) -> None:
     """Without valkey-py installed a valkey:// URL is refused, naming the extra that brings it."""
     assert case(found, "settings")["valkey_missing"] == (
-        "GOBLIN_CLAIM_IDEMPOTENCY: a valkey:// URL needs valkey-py (goblin-claim[valkey])"
+        "GOBLIN_CLAIM_IDEMPOTENCY['client']: a valkey:// URL needs valkey-py (goblin-claim[valkey])"
     )
