@@ -134,10 +134,15 @@ def _made(setting: object, want_async: bool, name: str) -> Any:
     if client_kind(made) is None and callable(made):
         made = adapt(made())
     world = "ASGI" if want_async else "WSGI"
+    if name == CLIENT_SETTING:  # asked for by client() or async_client(), the middleware's or a decorator's
+        asker = "async_client()" if want_async else "client()"
+        user, hint = f"{name} for {asker}", f"{asker} serves the middleware under {world} and the functions given it"
+    else:
+        user = f"{name} under {world}"
+        hint = f"Django runs this middleware under {world} here: give a client of that kind, or a URL for both"
     check_client(
-        made, want_async, f"{name} under {world}",
-        f"Django runs this middleware under {world} here: give a client of that kind, or a URL for both",
-        also=" (or a redis:// or valkey:// URL, which serves both)", error=ImproperlyConfigured,
+        made, want_async, user, hint, also=" (or a redis:// or valkey:// URL, which serves both)",
+        error=ImproperlyConfigured,
     )  # fmt: skip
     return made
 
@@ -686,8 +691,8 @@ def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[check
 
     Run by ``manage.py check`` (and ``runserver``, ``migrate``...), only when the middleware
     is in ``MIDDLEWARE``: ``goblin_claim.E001`` for the middleware listed before
-    ``AuthenticationMiddleware``, ``goblin_claim.E002`` for settings it would refuse
-    (``ImproperlyConfigured`` at its first request otherwise), ``goblin_claim.W001`` for a
+    ``AuthenticationMiddleware``, ``goblin_claim.E002`` for settings it would refuse (the
+    ``ImproperlyConfigured`` it raises when Django builds it), ``goblin_claim.W001`` for a
     ``scope`` with no Django authentication middleware (silence it for custom authentication).
     """
     middleware = list(getattr(settings, "MIDDLEWARE", None) or ())

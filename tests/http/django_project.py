@@ -294,6 +294,15 @@ def case_settings() -> dict[str, Any]:
             client()
         except ImproperlyConfigured as exc:
             found["missing_factory"] = str(exc)
+
+    async def wrong_kind() -> str:
+        try:
+            async_client()  # the factory makes a sync client
+        except ImproperlyConfigured as exc:
+            return str(exc)
+        return "made"
+
+    found["wrong_kind"] = asyncio.run(wrong_kind())
     with override_settings(GOBLIN_CLAIM_IDEMPOTENCY=None):
         found["no_dict"] = seen(Client().post("/orders", b"{}", "application/json", headers={"Idempotency-Key": "k-2"}))
     return found

@@ -197,6 +197,15 @@ def test_without_any_client_setting_the_check_and_the_door_say_what_to_set(found
     )
 
 
+def test_a_factory_of_sync_clients_asked_for_an_asyncio_one_says_which_asked(found: dict[str, Any]) -> None:
+    """async_client() over a factory of sync clients: ImproperlyConfigured, naming the setting and who asked."""
+    told = case(found, "settings")["wrong_kind"]
+    assert told.startswith("GOBLIN_CLAIM_CLIENT for async_client() needs an asyncio client (redis.asyncio.Redis, ")
+    assert told.endswith(
+        "not redis.client.Redis; async_client() serves the middleware under ASGI and the functions given it"
+    )
+
+
 def test_the_client_setting_alone_serves_the_middleware_with_its_defaults(found: dict[str, Any]) -> None:
     """No GOBLIN_CLAIM_IDEMPOTENCY at all: the middleware runs on its defaults through the project's client."""
     assert case(found, "settings")["no_dict"]["status"] == 201
