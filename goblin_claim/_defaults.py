@@ -18,6 +18,9 @@ REPLICA_TIMEOUT_MS: Final = 500
 WAIT: Final = 10.0
 # The HTTP doors' wait=: a duplicate request answers 409 at once rather than holding a server worker.
 HTTP_WAIT: Final = 0.0
+# A client a Django setting's URL makes: its socket_timeout and socket_connect_timeout, in seconds, unless the
+# URL's query sets them (without one, a frozen server would hold a worker for good).
+URL_CLIENT_TIMEOUT: Final = 2.0
 # The HTTP doors' bounds on what they read to fingerprint a request and store to replay it, in bytes.
 MAX_BODY_BYTES: Final = 1024 * 1024
 MAX_RESPONSE_BYTES: Final = 1024 * 1024

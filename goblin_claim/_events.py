@@ -128,7 +128,7 @@ _RENEW_LOG = logging.getLogger("goblin_claim.keepalive")
 _SERVER_LOG = logging.getLogger("goblin_claim.server")
 _WAKE_LOG = logging.getLogger("goblin_claim.wakeup")
 _EVENTS_LOG = logging.getLogger("goblin_claim.events")
-REQUEST_LOG: Final = logging.getLogger("goblin_claim.asgi")
+REQUEST_LOG: Final = logging.getLogger("goblin_claim.asgi")  # a request whose claim names no door's logger
 _LOGS = {"call": CALL_LOG, "renew": _RENEW_LOG, "request": REQUEST_LOG}
 _DEBUG: Final = logging.DEBUG
 
@@ -318,7 +318,7 @@ class Op:
         self.final = False  # the outcome stands even if the operation raises (the function's own error)
         self.fence: int | None = None
         self.error: BaseException | None = None
-        self._log = _LOGS.get(operation, _CLAIM_LOG)
+        self._log = _log_of(operation, claim)
         self._seen: str | None = None  # for a request: the last outcome of a claim operation inside it
         self._token = _REQUEST.set(self) if operation == "request" else None
         if operation == "wait":
@@ -448,9 +448,17 @@ def observing(operation: str, claim: Any) -> Op | _NoOp:
         with _events.observing("request", claim) as op:
             answer = await open_claim(options, claim, fp)
     """
-    if active(_LOGS.get(operation, _CLAIM_LOG)):
+    if active(_log_of(operation, claim)):
         return Op(operation, claim)
     return _NOTHING
+
+
+def _log_of(operation: str, claim: Any) -> logging.Logger:
+    """The logger ``operation`` reports on: a request's is its door's (a door's claim carries it as ``log``)."""
+    if operation == "request":
+        log: logging.Logger = getattr(claim, "log", REQUEST_LOG)
+        return log
+    return _LOGS.get(operation, _CLAIM_LOG)
 
 
 # The server's own commands the probe may find (PEXPIRETIME, a marker, left out).
@@ -473,7 +481,7 @@ def quiet_failure(operation: str, claim: Any, exc: GoblinClaimError) -> None:
     outcome = outcome_of_error(exc)
     if outcome in _WARN:
         event = Event(operation, outcome, namespace_of(claim), claim.key, None, None, None, exc)
-        _log(_LOGS.get(operation, _CLAIM_LOG), event)
+        _log(_log_of(operation, claim), event)
 
 
 def _quiet_takeover(claim: Any, outcome: Claimed) -> None:

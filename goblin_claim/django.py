@@ -9,24 +9,30 @@ In ``settings.py``, after authentication, so a ``scope`` function sees ``request
         "goblin_claim.django.IdempotencyMiddleware",
         ...,
     ]
+    # The project's client: the middleware, @idempotent_view and @idempotent(goblin_claim.django.client) use it.
+    GOBLIN_CLAIM_CLIENT = "redis://localhost:6379/0?socket_timeout=2&socket_connect_timeout=2"
     GOBLIN_CLAIM_IDEMPOTENCY = {
-        "client": "redis://localhost:6379/0",   # a URL, a redis client, or a dotted path to a factory
         "required": True,
         "scope": lambda request: request.user.pk,
     }
 
-The options are the ASGI middleware's, in lower case. One entry serves both
-worlds: under WSGI the middleware claims through a sync client, under ASGI
-through an asyncio one (a URL gives each its own; a client or a factory must be
-of the kind the server runs). It acts once routing is done: a request no URL
-matches passes through unclaimed (its 404 is never kept), and so does a view
-wearing its own ``@idempotent_view(...)`` options::
+The settings dict's keys are the ASGI middleware's keyword arguments
+(``"required"``, ``"scope"``, ``"wait"``...), plus ``"client"`` for a client of
+the middleware's own. One entry serves both worlds: under WSGI the middleware
+claims through a sync client, under ASGI through an asyncio one (a URL gives
+each its own; a client or a factory must be of the kind the server runs). It
+acts once routing is done: a request no URL matches passes through unclaimed
+(its 404 is never kept), and so does a view wearing its own
+``@idempotent_view(...)`` options::
 
     @idempotent_view(required=True, ttl=3600)
     def charge(request): ...
 
     @idempotency_key("ignore")   # never claimed: with required=True in settings, no 400 here
     def webhook(request): ...
+
+A plain view calling an ``@idempotent`` function answers its errors as the door
+would with ``problem_response(exc)``.
 
 Every decision (key, scope, fingerprint, what is kept, problem answers) is the
 shared core's; the stored envelopes are the other doors', so a Django service and
@@ -39,8 +45,11 @@ and lets a sync view finish in its thread; either way the key is kept closed
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
+import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -51,35 +60,43 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied, SuspiciousOperation
+from django.core.signals import setting_changed
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.urls import Resolver404, resolve
 
-from . import _events, _http
+from . import _defaults, _events, _http
 from ._clients.families import adapt
 from ._clients.kinds import check_client, client_kind
 from ._clients.transport import to_the_end_async
 from ._drivers import http_aio, http_sync
 from ._drivers.aio import AsyncClaim
 from ._drivers.sync import Claim
+from ._errors import GoblinClaimError, InvalidArgumentTypeError
 from ._http import UNSTORED_HEADER, Answer, Options, idempotency_key
 
 __all__ = [
+    "CLIENT_SETTING",
     "SETTING",
     "GoblinClaimConfig",
     "IdempotencyMiddleware",
+    "async_client",
     "check_middleware_order",
+    "client",
     "idempotency_key",
     "idempotent_view",
+    "problem_response",
 ]
 
 SETTING = "GOBLIN_CLAIM_IDEMPOTENCY"
 """The settings dict the middleware and the decorator read their options from."""
+CLIENT_SETTING = "GOBLIN_CLAIM_CLIENT"
+"""The project's client: a URL, a client, or a dotted path to a client or to a function of no arguments making one."""
 _MIDDLEWARE = "goblin_claim.django.IdempotencyMiddleware"
 _AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
 _MARK = "_goblin_claim_idempotency"  # on a view wearing its own options: the middleware leaves it alone
 
 
-def _url_clients(url: str) -> tuple[Any, Any, Any]:
+def _url_clients(url: str, name: str) -> tuple[Any, Any, Any]:
     """The sync client, asyncio client and asyncio blocking pool classes for ``url``: valkey-py's for valkey://."""
     if not url.lower().startswith(("valkey://", "valkeys://")):
         return redis.Redis, redis.asyncio.Redis, redis.asyncio.BlockingConnectionPool
@@ -87,8 +104,148 @@ def _url_clients(url: str) -> tuple[Any, Any, Any]:
         import valkey
         import valkey.asyncio
     except ImportError:
-        raise ImproperlyConfigured(f"{SETTING}: a valkey:// URL needs valkey-py (goblin-claim[valkey])") from None
+        raise ImproperlyConfigured(f"{name}: a valkey:// URL needs valkey-py (goblin-claim[valkey])") from None
     return valkey.Valkey, valkey.asyncio.Valkey, valkey.asyncio.BlockingConnectionPool
+
+
+def _made(setting: object, want_async: bool, name: str) -> Any:
+    """The client ``setting`` names, for the world Django runs (``ImproperlyConfigured`` for the wrong kind).
+
+    A URL makes a client of either kind, with ``URL_CLIENT_TIMEOUT`` as its socket and connect
+    timeouts unless its query sets them; a dotted path is imported, and a factory called, here.
+    """
+    if isinstance(setting, str) and "://" in setting:
+        sync_class, async_class, async_pool = _url_clients(setting, name)
+        timeouts = {
+            "socket_timeout": _defaults.URL_CLIENT_TIMEOUT,
+            "socket_connect_timeout": _defaults.URL_CLIENT_TIMEOUT,
+        }  # the URL's query wins (redis-py's from_url)
+        if want_async:
+            return async_class.from_pool(async_pool.from_url(setting, max_connections=64, timeout=10, **timeouts))
+        return sync_class.from_url(setting, **timeouts)
+    made = setting
+    if isinstance(setting, str):
+        module, _, attribute = setting.rpartition(".")
+        try:
+            made = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"{name}: cannot import {setting!r} ({exc})") from exc
+    made = adapt(made)  # a GLIDE client: its adapter
+    if client_kind(made) is None and callable(made):
+        made = adapt(made())
+    world = "ASGI" if want_async else "WSGI"
+    if name == CLIENT_SETTING:  # asked for by client() or async_client(), the middleware's or a decorator's
+        asker = "async_client()" if want_async else "client()"
+        user, hint = f"{name} for {asker}", f"{asker} serves the middleware under {world} and the functions given it"
+    else:
+        user = f"{name} under {world}"
+        hint = f"Django runs this middleware under {world} here: give a client of that kind, or a URL for both"
+    check_client(
+        made, want_async, user, hint, also=" (or a redis:// or valkey:// URL, which serves both)",
+        error=ImproperlyConfigured,
+    )  # fmt: skip
+    return made
+
+
+class _ProjectClients:
+    """``settings.GOBLIN_CLAIM_CLIENT``'s clients: made on first use, once per process (an asyncio one per loop).
+
+    Never shared with a forked child (gunicorn's workers each make their own, also when
+    its master made one under ``--preload``); made again after ``override_settings``
+    changes the setting.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sync: Any = None
+        self._async: tuple[object, Any] | None = None  # (the event loop it was made in, the client)
+
+    def get(self, want_async: bool) -> Any:
+        """The sync client, or the asyncio client of the running event loop (made in it on its first use)."""
+        if not want_async:
+            made = self._sync
+            if made is None:
+                with self._lock:
+                    if self._sync is None:
+                        self._sync = _made(_client_setting(), False, CLIENT_SETTING)
+                    made = self._sync
+            return made
+        try:
+            loop: object = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        kept = self._async
+        if kept is None or kept[0] is not loop:
+            with self._lock:
+                kept = self._async
+                if kept is None or kept[0] is not loop:
+                    kept = self._async = (loop, _made(_client_setting(), True, CLIENT_SETTING))
+        return kept[1]
+
+    def forget(self, **_: object) -> None:
+        """Drop the clients made (a forked child's, or a changed setting's): the next use makes new ones."""
+        self._lock = threading.Lock()
+        self._sync = None
+        self._async = None
+
+
+def _client_setting() -> object:
+    setting = getattr(settings, CLIENT_SETTING, None)
+    if setting is None:
+        raise ImproperlyConfigured(
+            f"settings.{CLIENT_SETTING} is not set: give a redis:// or valkey:// URL, a client or a dotted path"
+        )
+    return setting
+
+
+_PROJECT = _ProjectClients()
+os.register_at_fork(after_in_child=_PROJECT.forget)
+
+
+def _setting_changed(*, setting: str, **_: object) -> None:
+    if setting == CLIENT_SETTING:
+        _PROJECT.forget()
+
+
+setting_changed.connect(_setting_changed, dispatch_uid="goblin_claim.django.client")
+
+
+def client() -> Any:
+    """The project's sync client, from ``settings.GOBLIN_CLAIM_CLIENT``: made on first use, once per process.
+
+    A function of no arguments, so every door and decorator that takes a client or
+    such a function takes it, and all of them share one client per process
+    (the middleware, ``@idempotent_view``, ``@idempotent``, the job doors).
+    The setting is read, its dotted path imported and its factory called on the
+    first call in each process: a gunicorn worker makes its own after the fork.
+
+    Example::
+
+        @idempotent(goblin_claim.django.client, key="event_id")
+        def handle(event_id: str) -> Receipt: ...
+
+    Raises:
+        ImproperlyConfigured: The setting is missing, or names no sync client (a URL serves both kinds).
+    """
+    return _PROJECT.get(False)
+
+
+def async_client() -> Any:
+    """The project's asyncio client, from ``settings.GOBLIN_CLAIM_CLIENT``: one per process and event loop.
+
+    ``client()``'s twin for ``async def`` functions under ASGI, made in the running
+    event loop on its first use there (a loop made for each test, or each request of
+    an async view under WSGI, makes its own).
+
+    Example::
+
+        @idempotent(goblin_claim.django.async_client, key="event_id")
+        async def handle(event_id: str) -> Receipt: ...
+
+    Raises:
+        ImproperlyConfigured: The setting is missing, or names no asyncio client.
+    """
+    return _PROJECT.get(True)
 
 
 View = TypeVar("View", bound=Callable[..., Any])
@@ -108,41 +265,27 @@ class _Door:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         config = dict(config)
-        self._client_setting = config.pop("client", None)
-        if self._client_setting is None:
+        own = config.pop("client", None)
+        if own is None and getattr(settings, CLIENT_SETTING, None) is None:
             raise ImproperlyConfigured(
-                f"{SETTING} needs a 'client': a redis:// or valkey:// URL, a client or a dotted path"
+                f"{SETTING} needs a 'client', or settings.{CLIENT_SETTING}: a redis:// or valkey:// URL, a client or "
+                "a dotted path"
             )
         try:
             self.options: Options = _http.make_options(**config)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"{SETTING}: {exc}") from exc
-        # Each world's client is made on its first request: a URL gives each its own.
-        self._sync = http_sync.SyncDoor(functools.partial(self._made, False), self.options, _MIDDLEWARE)
-        self._async = http_aio.AsyncDoor(functools.partial(self._made, True), self.options, _MIDDLEWARE)
-
-    def _made(self, want_async: bool) -> Any:
-        """The client of the setting for the world Django runs (``ImproperlyConfigured`` for the wrong kind)."""
-        setting = self._client_setting
-        if isinstance(setting, str) and "://" in setting:
-            sync_class, async_class, async_pool = _url_clients(setting)
-            if want_async:
-                return async_class.from_pool(async_pool.from_url(setting, max_connections=64, timeout=10))
-            return sync_class.from_url(setting)
-        made = setting
-        if isinstance(setting, str):
-            module, _, name = setting.rpartition(".")
-            made = getattr(importlib.import_module(module), name)
-        made = adapt(made)  # a GLIDE client: its adapter
-        if client_kind(made) is None and callable(made):
-            made = adapt(made())
-        world = "ASGI" if want_async else "WSGI"
-        check_client(
-            made, want_async, f"{SETTING}['client'] under {world}",
-            f"Django runs this middleware under {world} here: give a client of that kind, or a URL for both",
-            also=" (or a redis:// or valkey:// URL, which serves both)", error=ImproperlyConfigured,
-        )  # fmt: skip
-        return made
+        # Each world's client is made on its first request: a URL gives each its own; without a
+        # client of its own, the door takes the project's (one per process, shared with the decorators).
+        if own is None:
+            sync_client: Any = client
+            async_made: Any = async_client
+        else:
+            name = f"{SETTING}['client']"
+            sync_client = functools.partial(_made, own, False, name)
+            async_made = functools.partial(_made, own, True, name)
+        self._sync = http_sync.SyncDoor(sync_client, self.options, _MIDDLEWARE)
+        self._async = http_aio.AsyncDoor(async_made, self.options, _MIDDLEWARE)
 
     # -- the request's side, once for both worlds
 
@@ -391,10 +534,63 @@ def _response(answer: Answer, docs: str | None) -> HttpResponse:
     return response
 
 
+def problem_response(error: GoblinClaimError, *, problem_docs: str | None = None) -> HttpResponse:
+    """The doors' answer to ``error`` from a plain view: ``application/problem+json``, the same status and body.
+
+    For a view calling an ``@idempotent`` function (a webhook keyed by its event's id,
+    say) rather than leaving the claim to the middleware. One mapping, the doors' own:
+    ``StillInFlightError`` is ``409`` ``in-flight`` with ``Retry-After``,
+    ``InterruptedWorkError`` ``409`` ``interrupted`` with ``claimed_at`` and no
+    ``Retry-After``, ``PayloadMismatchError`` ``422`` ``key-reused``, ``ClaimLostError``
+    ``503`` ``claim-lost`` with ``Retry-After``, ``ResultLostError`` ``500`` ``result-lost``,
+    ``UnreadableResultError`` ``500``, and a server unreachable, failing or refusing
+    (``ConnectionFailedError``, ``ServerUnavailableError``, ``NotReplicatedError``...)
+    ``503`` ``store-unavailable`` with ``Retry-After``.
+
+    Args:
+        error: What the call raised.
+        problem_docs: The link of each problem's ``type`` (``<problem_docs>#<code>``); by
+            default the settings dict's ``"problem_docs"``, if any (as the doors answer).
+            The settings dict's ``"expose_holder"`` is read too.
+
+    Example::
+
+        def webhook(request):
+            event = json.loads(request.body)
+            try:
+                receipt = record_event(event["id"], event)  # an @idempotent function
+            except GoblinClaimError as exc:
+                return problem_response(exc)
+            return JsonResponse(receipt.model_dump())
+
+    Raises:
+        GoblinClaimError: ``error`` itself, when it is the caller's own, which no door answers:
+            a bad argument, a result that cannot be stored, the function's own error replayed
+            (``ReplayedError``), ``current_claim()`` outside a call.
+        InvalidArgumentTypeError: ``error`` is no goblin-claim error.
+    """
+    if not isinstance(error, GoblinClaimError):
+        raise InvalidArgumentTypeError(f"problem_response() answers a GoblinClaimError, not {type(error).__name__}")
+    if isinstance(error, _http.CALLERS_OWN):
+        raise error
+    configured = getattr(settings, SETTING, None)
+    shown = (
+        {name: configured[name] for name in ("problem_docs", "expose_holder") if name in configured}
+        if isinstance(configured, Mapping)
+        else {}
+    )
+    if problem_docs is not None:
+        shown["problem_docs"] = problem_docs
+    options = _http.make_options(**shown)  # a bad problem_docs: InvalidArgumentError, naming it
+    return _response(_http.failure_answer(options, error), options.problem_docs)
+
+
 def _config(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     config = getattr(settings, SETTING, None)
-    if config is None and not overrides:
-        raise ImproperlyConfigured(f"settings.{SETTING} is not set: give at least {{'client': 'redis://...'}}")
+    if config is None and not overrides and getattr(settings, CLIENT_SETTING, None) is None:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING} is not set: give at least {{'client': 'redis://...'}}, or set {CLIENT_SETTING}"
+        )
     if config is not None and not isinstance(config, Mapping):
         raise ImproperlyConfigured(f"settings.{SETTING} must be a dict of options, not {type(config).__name__}")
     return {**(config or {}), **(overrides or {})}
@@ -491,7 +687,14 @@ def idempotent_view(**options: Any) -> Callable[[View], View]:
 
 @checks.register()
 def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """System check: the middleware runs after authentication, and its settings dict is valid."""
+    """System check: the middleware runs after authentication, and its settings dict is valid.
+
+    Run by ``manage.py check`` (and ``runserver``, ``migrate``...), only when the middleware
+    is in ``MIDDLEWARE``: ``goblin_claim.E001`` for the middleware listed before
+    ``AuthenticationMiddleware``, ``goblin_claim.E002`` for settings it would refuse (the
+    ``ImproperlyConfigured`` it raises when Django builds it), ``goblin_claim.W001`` for a
+    ``scope`` with no Django authentication middleware (silence it for custom authentication).
+    """
     middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
     if _MIDDLEWARE not in middleware:
         return []
@@ -508,7 +711,8 @@ def check_middleware_order(app_configs: Any = None, **kwargs: Any) -> list[check
     try:
         door = _Door(_config())
     except ImproperlyConfigured as exc:
-        found.append(checks.Error(str(exc), id="goblin_claim.E002"))
+        hint = f"Fix settings.{SETTING} (or {CLIENT_SETTING}): the middleware refuses to start with this error."
+        found.append(checks.Error(str(exc), hint=hint, id="goblin_claim.E002"))
         return found
     if door.options.scope is not None and _AUTH not in middleware:
         found.append(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -93,18 +95,21 @@ FACTORY: Final = " or a function of no arguments returning one"
 
 
 class LazyClient:
-    """A client given as it is, or made on first use by a function of no arguments: once, under a lock.
+    """A client given as it is, or made on first use by a function of no arguments: once per process, under a lock.
 
     A GLIDE client (given or made) is its adapter; ``check`` raises for a client of
     the wrong kind, at construction for a client given, on first use for one made.
     The client may not exist yet when the holder is made (an application's
-    start-up, a test's fixture, a pre-forking server's worker).
+    start-up, a test's fixture, a pre-forking server's worker). A client the
+    factory made is never shared with a forked child: the child's first use calls
+    the factory again (a client made in gunicorn's master before it forked, say
+    with ``--preload``, stays the master's).
 
     Attributes:
         made: The client once it was given or made; ``None`` before (a hot path reads it, then calls ``get()``).
     """
 
-    __slots__ = ("_check", "_factory", "_lock", "made")
+    __slots__ = ("__weakref__", "_check", "_factory", "_lock", "made")
 
     def __init__(self, client: Any, check: Callable[[Any], None]) -> None:
         self._check = check
@@ -114,6 +119,7 @@ class LazyClient:
         client = adapt(client)  # a GLIDE client: its adapter
         if client_kind(client) is None and callable(client):
             self._factory = client
+            _MADE_BY_FACTORIES.add(self)
         else:
             check(client)
             self.made = client
@@ -130,3 +136,20 @@ class LazyClient:
                     self.made = made
                 client = self.made
         return client
+
+    def _forget(self) -> None:
+        """In a forked child: drop the parent's client (and a lock another thread may have held at the fork)."""
+        self._lock = threading.Lock()
+        self.made = None
+
+
+# The holders whose client a factory makes: a forked child makes its own.
+_MADE_BY_FACTORIES: weakref.WeakSet[LazyClient] = weakref.WeakSet()
+
+
+def _forget_made() -> None:
+    for holder in list(_MADE_BY_FACTORIES):
+        holder._forget()
+
+
+os.register_at_fork(after_in_child=_forget_made)

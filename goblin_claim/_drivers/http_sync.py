@@ -29,26 +29,42 @@ from .._outcomes import Completed, InFlight
 from ._sync_primitives import CANCELLED, CLIENT_KIND, OTHER_DOOR
 from .sync import Claim, write_through
 
+# The logger of a claim no door made (a door's claim logs on its door's: DoorClaim.log).
 logger = logging.getLogger("goblin_claim.wsgi")
 
 
 class SyncDoor:
-    """The client a door claims through (made on first use by a factory), its options, and its claims."""
+    """The client a door claims through (made on first use by a factory), its options, its logger, and its claims.
+
+    ``user`` is the door's public name, ``goblin_claim.<door>.<Name>``: a client of the
+    wrong kind is told it, and the door's claims log on ``goblin_claim.<door>``.
+    """
 
     def __init__(self, client: Any, options: Options, user: str) -> None:
         self.options = options
         self._client = LazyClient(client, functools.partial(_check_client, user))
+        _, door, _ = user.split(".", 2)  # goblin_claim.<door>.<Name>
+        self.log = logging.getLogger(f"goblin_claim.{door}")
 
     def claim(
         self, method: str, path: str, owner: str | None, key: str, fp: str, options: Options | None = None
-    ) -> Claim:
+    ) -> DoorClaim:
         """The claim for one request's key (under the door's options, or a route's own), its token carrying ``fp``."""
         o = self.options if options is None else options
-        return Claim(
+        claim = DoorClaim(
             self._client.get(), _http.claim_name(method, path, owner, key), lease=o.lease, ttl=o.ttl,
             namespace=o.namespace, token=_http.claim_token(fp), replicas=o.replicas,
             replica_timeout_ms=o.replica_timeout_ms, at_most_once=o.at_most_once,
         )  # fmt: skip
+        claim.log = self.log
+        return claim
+
+
+class DoorClaim(Claim):
+    """A request's claim, made by a door: what becomes of it is logged on that door's logger (``log``)."""
+
+    __slots__ = ("log",)
+    log: logging.Logger
 
 
 # --------------------------------------------------------------------------- the claim's round trips
@@ -73,7 +89,7 @@ def open_claim(
         except ConnectionFailedError as exc:  # ServerUnavailableError included
             if not options.fail_open:
                 raise
-            _events.failed_open(logger, "request", claim, exc, _events.current_request())
+            _events.failed_open(_log(claim), "request", claim, exc, _events.current_request())
             return exc
         if isinstance(outcome, InFlight):
             answer = _http.in_flight(options, claim._holder, fp)
@@ -82,22 +98,20 @@ def open_claim(
                     _mismatched()
                 return answer
             outcome = claim.wait(timeout=options.wait)
-    except StillInFlightError as exc:
-        return _http.still_in_flight(options, exc.holder)
-    except InterruptedWorkError as exc:
-        # At most once: the attempt that began ended without a response; nothing runs it again (no Retry-After).
-        return _http.interrupted(options, exc.holder, exc.claimed_at.isoformat(timespec="milliseconds"))
-    except ResultLostError:
-        return _http.problem(500, _http.RESULT_LOST, code="result-lost")
-    except NotReplicatedError:
+    except (StillInFlightError, InterruptedWorkError, ResultLostError) as exc:
+        # Still running after the wait; at most once, an attempt that ended without a response (never run
+        # again, so no Retry-After); done, but its answer gone.
+        return _http.failure_answer(options, exc, options.wait)
+    except NotReplicatedError as exc:
         # Taken, or read back, on a primary whose replicas did not acknowledge it in time (replicas=):
         # a failover could lose it, so the app does not run on it; what this token took is given back.
-        logger.warning("key %s: the claim was not acknowledged by enough replicas, answering 503", _digest(claim))
+        _log(claim).warning("key %s: the claim was not acknowledged by enough replicas, answering 503", _digest(claim))
         to_the_end(give_back(claim))
-        return _http.problem(503, _http.UNAVAILABLE, retry=True)
+        return _http.failure_answer(options, exc)
     except GoblinClaimError as exc:  # Redis unreachable or refusing: never run the app unguarded
-        logger.warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), type(exc).__name__)
-        return _http.problem(503, _http.UNAVAILABLE, retry=True)
+        failed = type(exc).__name__
+        _log(claim).warning("key %s: the idempotency claim failed, answering 503: %s", _digest(claim), failed)
+        return _http.failure_answer(options, exc)
     except CANCELLED:
         # The claim (or wait()'s takeover) may have landed with its reply lost to the
         # cancellation: give this token's claim back, or the key stays blocked by
@@ -107,7 +121,7 @@ def open_claim(
     if isinstance(outcome, Completed):
         answer = _http.replay(outcome.value, fp, accept_encoding)
         if answer.status == 500 and _http.REPLAYED_HEADER not in answer.headers:
-            logger.warning("key %s: a duplicate was answered %d", _digest(claim), answer.status)
+            _log(claim).warning("key %s: a duplicate was answered %d", _digest(claim), answer.status)
         if answer.code == "key-reused":
             _mismatched()
         return answer
@@ -134,18 +148,18 @@ def store(claim: Claim, payload: bytes, status: int, fp: str) -> Literal["stored
     except ClaimLostError:
         # Another request took the key over after this lease lapsed: the answer
         # that is (or will be) stored is theirs, so this one is not given out.
-        logger.warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
+        _log(claim).warning("key %s: the claim was lost while the app ran; answering 503", _digest(claim))
         return "lost"
     except NotReplicatedError:
         # Stored on the primary alone: a failover now could lose it, and a retry then runs again.
         # The answer goes out marked unstored, as the client must not count on it being kept.
-        logger.warning(
+        _log(claim).warning(
             "key %s: the response was stored on the primary, but not acknowledged by enough replicas", _digest(claim)
         )
         return "failed"
     except GoblinClaimError as exc:
         # The app ran: its answer is sent all the same, marked unstored.
-        logger.warning(
+        _log(claim).warning(
             "key %s: the response could not be stored (%s); it will not be replayed", _digest(claim), type(exc).__name__
         )
         failure = exc
@@ -167,7 +181,7 @@ def mark(claim: Claim, marker: bytes) -> None:
     try:
         _complete(claim, marker)
     except GoblinClaimError as exc:
-        logger.warning(
+        _log(claim).warning(
             "key %s: could not keep the key closed (%s); it frees itself after the lease and a retry runs again",
             _digest(claim), type(exc).__name__,
         )  # fmt: skip
@@ -175,7 +189,7 @@ def mark(claim: Claim, marker: bytes) -> None:
 
 def abandon(claim: Claim, fp: str, reason: str) -> None:
     """Keep a request that began but ended without a whole response closed: duplicates get 422."""
-    logger.warning("key %s: %s; the key is kept closed, duplicates are answered 422", _digest(claim), reason)
+    _log(claim).warning("key %s: %s; the key is kept closed, duplicates are answered 422", _digest(claim), reason)
     mark(claim, _http.abandoned_payload(fp, reason))
 
 
@@ -194,6 +208,12 @@ def app_raised(options: Options, claim: Claim, fp: str) -> None:
         return
     payload = _http.stored_payload(fp, kept.status, kept.headers, options.keeps_header, kept.body)
     store(claim, payload, kept.status, fp)
+
+
+def _log(claim: Claim) -> logging.Logger:
+    """The logger of the door that made ``claim``."""
+    log: logging.Logger = getattr(claim, "log", logger)
+    return log
 
 
 def _digest(claim: Claim) -> str:

@@ -28,12 +28,14 @@ from .answers import (
     RETRY_AFTER,
     SERVER_ERROR,
     UNAVAILABLE,
+    UNREADABLE,
     Answer,
     Headers,
     documented,
     problem,
 )
 from .exchange import (
+    CALLERS_OWN,
     GIVE_BACK,
     STORE,
     UNSTORED_WARNING,
@@ -43,6 +45,7 @@ from .exchange import (
     body_refused,
     claim_lost,
     covers,
+    failure_answer,
     gives_back,
     identify,
     oversize,
@@ -105,6 +108,7 @@ from .stored import (
 
 __all__ = [
     "ABANDONED",
+    "CALLERS_OWN",
     "CUT_STREAM",
     "DEFAULTS",
     "DEFAULT_NEVER_REPLAYED",
@@ -137,6 +141,7 @@ __all__ = [
     "STORE",
     "STORE_WINDOW",
     "UNAVAILABLE",
+    "UNREADABLE",
     "UNSTORED_HEADER",
     "UNSTORED_WARNING",
     "AbandonedRequest",
@@ -162,6 +167,7 @@ __all__ = [
     "covers",
     "declared_length",
     "documented",
+    "failure_answer",
     "fingerprint",
     "gives_back",
     "holder_fp",

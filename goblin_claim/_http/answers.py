@@ -43,6 +43,7 @@ INTERRUPTED: Final = (
     "worker stopped, or lost the key), so whether it took effect is unknown; it is not run again, and retrying will "
     "not help: check the outcome, then use a new key to run it again, or ask the operator to reopen this one"
 )
+UNREADABLE: Final = "the stored response for this key is unreadable (written by something else?)"
 RESULT_LOST: Final = (
     "the first request with this idempotency key completed, but its stored response is missing; "
     "an operator can reopen the key"

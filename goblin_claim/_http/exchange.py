@@ -34,9 +34,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from .answers import LOST, SERVER_ERROR, Answer, documented, problem
+from .._errors import (
+    ClaimLostError,
+    GoblinClaimError,
+    InterruptedWorkError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    NoCurrentClaimError,
+    PayloadMismatchError,
+    ReplayedError,
+    ResultLostError,
+    ResultNotSerializableError,
+    StillInFlightError,
+    UnreadableResultError,
+)
+from .answers import LOST, MISMATCH, RESULT_LOST, SERVER_ERROR, UNAVAILABLE, UNREADABLE, Answer, documented, problem
 from .options import KeyRule, Options
-from .request import owner_of, request_fingerprint, too_large_detail
+from .request import interrupted, owner_of, request_fingerprint, still_in_flight, too_large_detail
 from .response import streamed_reason
 from .routes import key_of, key_rule
 
@@ -186,3 +200,45 @@ def oversize(options: Options, size: int) -> str | None:
 def claim_lost() -> Answer:
     """The answer to a request whose claim was lost before its response was stored: a retry gets the stored one."""
     return problem(503, LOST, retry=True, code="claim-lost")
+
+
+# The errors no door meets: the caller's own (a bad argument, a result that cannot be stored, its own
+# error replayed, current_claim() outside a call). Nobody answers them for it: they are raised.
+CALLERS_OWN: Final = (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    NoCurrentClaimError,
+    ReplayedError,
+    ResultNotSerializableError,
+)
+
+
+def failure_answer(options: Options, error: GoblinClaimError, waited: float | None = None) -> Answer:
+    """The problem answering a request whose claim (a door's, or an ``@idempotent`` call's) raised ``error``.
+
+    What every door answers, and what a view answers with it (Django's ``problem_response``):
+
+    - ``StillInFlightError``: ``409`` ``in-flight`` with ``Retry-After`` (``waited``: the
+      seconds the duplicate waited, said in the detail);
+    - ``InterruptedWorkError``: ``409`` ``interrupted``, ``claimed_at``, no ``Retry-After``;
+    - ``PayloadMismatchError``: ``422`` ``key-reused``;
+    - ``ClaimLostError``: ``503`` ``claim-lost`` with ``Retry-After`` (the retry gets the stored answer);
+    - ``ResultLostError``: ``500`` ``result-lost``; ``UnreadableResultError``: ``500`` ``result-unreadable``;
+    - any other (the server unreachable, failing, refusing, not replicating): ``503``
+      ``store-unavailable`` with ``Retry-After``.
+
+    The errors in ``CALLERS_OWN`` are the caller's to raise, not to answer.
+    """
+    if isinstance(error, StillInFlightError):
+        return still_in_flight(options, error.holder, waited)
+    if isinstance(error, InterruptedWorkError):
+        return interrupted(options, error.holder, error.claimed_at.isoformat(timespec="milliseconds"))
+    if isinstance(error, PayloadMismatchError):
+        return problem(422, MISMATCH)
+    if isinstance(error, ClaimLostError):
+        return claim_lost()
+    if isinstance(error, ResultLostError):
+        return problem(500, RESULT_LOST, code="result-lost")
+    if isinstance(error, UnreadableResultError):
+        return problem(500, UNREADABLE)
+    return problem(503, UNAVAILABLE, retry=True)

@@ -230,9 +230,10 @@ def in_flight(options: Options, holder: object, fp: str) -> Answer | None:
     return None
 
 
-def still_in_flight(options: Options, holder: str | None) -> Answer:
-    """The answer to a duplicate whose wait ended with the first request still running."""
-    return problem(409, f"{IN_FLIGHT} (waited {options.wait:g}s)", retry=True, extra=holder_member(options, holder))
+def still_in_flight(options: Options, holder: str | None, waited: float | None = None) -> Answer:
+    """The answer to a duplicate whose wait ended with the first request still running (``waited``: for how long)."""
+    detail = IN_FLIGHT if waited is None else f"{IN_FLIGHT} (waited {waited:g}s)"
+    return problem(409, detail, retry=True, extra=holder_member(options, holder))
 
 
 def interrupted(options: Options, holder: str, claimed_at: str) -> Answer:

@@ -13,7 +13,7 @@ from typing import Annotated, Final, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .answers import ABANDONED, MISMATCH, Answer, problem
+from .answers import ABANDONED, MISMATCH, UNREADABLE, Answer, problem
 
 NO_BODY_STATUSES: Final = frozenset({*range(100, 200), 204, 304})
 # How long a response's store is retried through a dropped connection, at most.
@@ -91,7 +91,7 @@ def replay(stored: bytes | str, fp: str, accept_encoding: bytes | None = None) -
         envelope = ENVELOPE.validate_json(stored)
     except ValidationError:
         # Never the stored bytes themselves: they may be another writer's secret.
-        return problem(500, "the stored response for this key is unreadable (written by something else?)")
+        return problem(500, UNREADABLE)
     if envelope.fp != fp:
         return problem(422, MISMATCH)
     if isinstance(envelope, AbandonedRequest):

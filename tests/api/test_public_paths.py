@@ -39,8 +39,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "DEFAULT_RELEASE_STATUSES", "DEFAULT_REPLAY_HEADERS", "IdempotencyMiddleware", "StartResponse", "WSGIApp",
     ),
     "goblin_claim.django": (
-        "SETTING", "GoblinClaimConfig", "IdempotencyMiddleware", "check_middleware_order", "idempotency_key",
-        "idempotent_view",
+        "CLIENT_SETTING", "SETTING", "GoblinClaimConfig", "IdempotencyMiddleware", "async_client",
+        "check_middleware_order", "client", "idempotency_key", "idempotent_view", "problem_response",
     ),
     "goblin_claim.flask": ("Idempotency", "idempotency_key"),
     "goblin_claim.aiohttp": ("IdempotencyMiddleware", "idempotency_key"),

@@ -1,7 +1,10 @@
-"""A door's client factory is called once, however many threads ask first; a wrong kind is refused as before."""
+"""A door's client factory is called once per process, however many threads ask first; a wrong kind is refused."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -83,3 +86,52 @@ def test_a_factory_of_the_wrong_kind_is_refused_on_first_use() -> None:
         holder.get()
     with pytest.raises(InvalidArgumentTypeError):
         holder.get()
+
+
+FORKED = """
+import json, os, sys
+
+import fakeredis
+
+from goblin_claim._clients.kinds import LazyClient, check_client
+
+made = []
+
+
+def factory():
+    made.append(os.getpid())
+    return fakeredis.FakeRedis()
+
+
+holder = LazyClient(factory, lambda client: check_client(client, False, "test"))
+given = LazyClient(fakeredis.FakeRedis(), lambda client: check_client(client, False, "test"))
+parents = holder.get(), given.get()  # made before the fork, as gunicorn's master does under --preload
+read, write = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(read)
+    seen = {
+        "made_again": holder.get() is not parents[0],
+        "given_kept": given.get() is parents[1],
+        "made_in": made,
+        "pid": os.getpid(),
+    }
+    os.write(write, json.dumps(seen).encode())
+    os._exit(0)
+os.close(write)
+with os.fdopen(read) as pipe:
+    seen = json.loads(pipe.read())
+os.waitpid(child, 0)
+seen["parent"] = os.getpid()
+seen["parent_kept"] = holder.get() is parents[0]
+print(json.dumps(seen))
+"""
+
+
+def test_a_client_a_factory_made_before_a_fork_is_made_again_in_the_child() -> None:
+    """A forked worker calls the factory again (the parent keeps its own); a client given as it is stays shared."""
+    result = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["made_in"] == [seen["parent"], seen["pid"]]  # once in the parent, once in the child
+    assert (seen["made_again"], seen["given_kept"], seen["parent_kept"]) == (True, True, True)

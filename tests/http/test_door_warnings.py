@@ -41,7 +41,7 @@ def spoil(client: Any, namespace: str) -> None:
 
 
 def test_the_flask_door_warns_of_a_duplicate_answered_500(caplog: pytest.LogCaptureFixture) -> None:
-    """Flask's door, like the WSGI one, logs a warning when a duplicate gets the 500 of an unreadable value."""
+    """Flask's door, like the WSGI one, warns on its own logger when a duplicate gets the 500 of an unreadable value."""
     flask = _framework("flask")
     from goblin_claim.flask import Idempotency
 
@@ -61,7 +61,7 @@ def test_the_flask_door_warns_of_a_duplicate_answered_500(caplog: pytest.LogCapt
     spoil(client, NS)
     with caplog.at_level(logging.WARNING, logger="goblin_claim"):
         assert http.post("/charges", data=b"{}", headers=headers).status_code == 500
-    (warned,) = [r.getMessage() for r in caplog.records if r.name == "goblin_claim.wsgi" and WARNED in r.getMessage()]
+    (warned,) = [r.getMessage() for r in caplog.records if r.name == "goblin_claim.flask" and WARNED in r.getMessage()]
     # The key named by the one digest every log uses: 16 hex digits of the claim's key.
     assert warned.startswith(f"key {key_digest(claim_name('POST', '/charges', None, 'k-1'))}: ")
     assert len(runs) == 1
@@ -141,7 +141,7 @@ DJANGO = textwrap.dedent(
 
 
 def test_the_django_door_warns_of_a_duplicate_answered_500_on_both_paths() -> None:
-    """Django, under WSGI and ASGI, logs what the other doors log; a wrong-kind client is ImproperlyConfigured."""
+    """Django, under WSGI and ASGI, logs what the other doors log, on its own logger; a wrong-kind client is refused."""
     _framework("django")
     result = subprocess.run(
         [sys.executable, "-c", DJANGO, NS], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
@@ -158,6 +158,6 @@ def test_the_django_door_warns_of_a_duplicate_answered_500_on_both_paths() -> No
         "; Django runs this middleware under WSGI here: give a client of that kind, or a URL for both"
     )
     warned = [(name, message) for name, message in seen["records"] if WARNED in message]
-    assert [name for name, _ in warned] == ["goblin_claim.wsgi", "goblin_claim.asgi"], seen["records"]
+    assert [name for name, _ in warned] == ["goblin_claim.django"] * 2, seen["records"]
     for (_, message), path in zip(warned, ("/sync", "/async"), strict=True):
         assert message.startswith(f"key {key_digest(claim_name('POST', path, None, 'k-1'))}: ")

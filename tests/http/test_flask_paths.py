@@ -80,6 +80,21 @@ def test_an_app_factory_installs_the_extension_and_replays(redis_client: Any) ->
     assert service.runs == {"order": 1}
 
 
+def test_the_door_logs_a_request_s_event_on_its_own_logger(redis_client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """DEBUG on ``goblin_claim.flask`` shows each keyed request's one line there, never on the WSGI door's logger."""
+    service = Service(redis_client)
+
+    @service.app.post("/orders")
+    def order() -> tuple[dict[str, int], int]:
+        return {"order": service.count("order")}, 201
+
+    with caplog.at_level(logging.DEBUG, logger="goblin_claim"):
+        for _ in range(2):
+            service.http.post("/orders", json={}, headers=KEY)
+    told = [(r.name, r.getMessage().split(": ")[-1]) for r in caplog.records if r.getMessage().startswith("request ")]
+    assert told == [("goblin_claim.flask", "claimed"), ("goblin_claim.flask", "completed")]
+
+
 def test_a_routes_own_options_override_the_extensions(redis_client: Any) -> None:
     """``@idempotency.options(required=True)`` on one route: it refuses a keyless POST; another route does not."""
     service = Service(redis_client)
@@ -402,7 +417,7 @@ def test_redis_unreachable_with_fail_open_runs_the_view_once_per_delivery(caplog
     assert service.runs == {"note": 2}
     assert [e.outcome for e in seen if e.operation == "request"] == ["failed_open", "failed_open", "unavailable"]
     opened = [r for r in caplog.records if "fail_open runs the work" in r.getMessage()]
-    assert [(r.name, r.levelno) for r in opened] == [("goblin_claim.wsgi", logging.WARNING)] * 2
+    assert [(r.name, r.levelno) for r in opened] == [("goblin_claim.flask", logging.WARNING)] * 2
 
 
 def test_a_store_redis_refuses_sends_the_answer_marked_unstored(
