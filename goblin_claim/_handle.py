@@ -269,6 +269,27 @@ class ClaimBase(Generic[ClientT]):
         return self
 
     @classmethod
+    def _settled(
+        cls: type[HandleT], client: Any, key: str, namespace: str, token: str, lease: int, ttl: int,
+        replicas: int, replica_timeout_ms: int, at_most_once: bool,
+    ) -> HandleT:  # fmt: skip
+        """A handle of settings checked once where they were given (a door's ``Options``): one per request.
+
+        Only what comes with the request is checked here, as ``__init__`` checks it:
+        the client's kind and the key. The token is the caller's (``made_token``
+        false, as when ``__init__`` is given one).
+        """
+        if _CLIENT_KINDS.get(type(client)) is not cls._wants_async:
+            client = adapt(client)
+            check_client(client, cls._wants_async, cls.__name__)
+        if type(key) is not str or not key or not key.isascii():
+            _check_text("key", key)
+        return cls.__new__(cls)._settle(
+            client, key, namespace, token, False, lease, ttl, "auto", False, replicas, replica_timeout_ms,
+            at_most_once, False,
+        )  # fmt: skip
+
+    @classmethod
     def _many(cls: type[HandleT], client: Any, keys: Iterable[str], options: dict[str, Any]) -> list[HandleT]:
         """The handles of a batch: ``cls(client, key, **options)`` for each key, the options checked once.
 

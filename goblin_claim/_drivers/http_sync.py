@@ -51,10 +51,10 @@ class SyncDoor:
     ) -> DoorClaim:
         """The claim for one request's key (under the door's options, or a route's own), its token carrying ``fp``."""
         o = self.options if options is None else options
-        claim = DoorClaim(
-            self._client.get(), _http.claim_name(method, path, owner, key), lease=o.lease, ttl=o.ttl,
-            namespace=o.namespace, token=_http.claim_token(fp), replicas=o.replicas,
-            replica_timeout_ms=o.replica_timeout_ms, at_most_once=o.at_most_once,
+        # The options were checked once, with the door: the handle checks only the request's key.
+        claim = DoorClaim._settled(
+            self._client.get(), _http.claim_name(method, path, owner, key), o.namespace, _http.claim_token(fp),
+            o.lease, o.ttl, o.replicas, o.replica_timeout_ms, o.at_most_once,
         )  # fmt: skip
         claim.log = self.log
         return claim

@@ -13,6 +13,7 @@ from goblin_claim import (
     ClaimLostError,
     Completed,
     InFlight,
+    InvalidArgumentError,
     NativeUnavailableError,
     NotReplicatedError,
     ResultLostError,
@@ -212,6 +213,20 @@ def test_checked_handles_equal_constructed_ones() -> None:
                 assert getattr(checked, slot) == getattr(made, slot), slot
         # The decorator always draws a fresh token for its handle; a token given to the constructor may be shared.
         assert (checked._made_token, made._made_token) == (True, False)
+
+
+def test_a_doors_handles_equal_constructed_ones() -> None:
+    """_settled (a door's handle, its options checked with the door) sets every slot as __init__ does."""
+    for kwargs in ({}, {"replicas": 1, "replica_timeout_ms": 250, "at_most_once": True}):
+        made = ClaimBase(None, '["POST","/pay",null,"k"]', lease=7, ttl=70, namespace="ns", token="t-1", **kwargs)  # type: ignore[arg-type]
+        settled = ClaimBase._settled(
+            None, '["POST","/pay",null,"k"]', "ns", "t-1", 7, 70, kwargs.get("replicas", 0),  # type: ignore[arg-type]
+            kwargs.get("replica_timeout_ms", 500), kwargs.get("at_most_once", False),  # type: ignore[arg-type]
+        )  # fmt: skip
+        for slot in ClaimBase.__slots__:
+            assert getattr(settled, slot) == getattr(made, slot), slot
+    with pytest.raises(InvalidArgumentError):
+        ClaimBase._settled(None, "", "ns", "t-1", 7, 70, 0, 500, False)
 
 
 @pytest.mark.parametrize(
