@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := goblin_claim tests examples benchmarks tools docs/hooks
 
-.PHONY: demo test check install docs docs-serve redis-server valkey-server redis8-server nftables compiler native lint typecheck pytest bench bench-server bench-peers chaos partitions clean pythons
+.PHONY: demo test check coverage install docs docs-serve redis-server valkey-server redis8-server nftables compiler native lint typecheck pytest bench bench-server bench-peers chaos partitions clean pythons
 
 demo: $(STAMP)
 	$(BIN)/python examples/payment_webhook.py
@@ -161,20 +161,29 @@ typecheck: $(STAMP)
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist), each starting servers of
 # its own; most of its time is spent waiting on leases, timeouts and servers, not on
 # the CPU (its tests' user time is under half its wall time with two), so three share two
-# cores, as `make check`'s do. Branch coverage of the package, measured in every worker
-# (pytest-cov) and combined, is reported after the run.
+# cores, as `make check`'s do. The slowest tests are listed after each tier (--durations).
 PYTEST_WORKERS ?= 3
+# `make test` runs unmeasured; `make coverage` runs the same tiers with branch coverage of the
+# package, measured in every worker and in the servers and workers the tests start
+# (pytest-cov, [tool.coverage.run] in pyproject.toml), combined and reported after the run.
+# Coverage's tracing costs the main tier about half its time again (5 min 15 s against
+# 3 min 35 s over tests/decorator, the doors' table and Huey's), which `make test`'s bound cannot spare.
+COVERAGE ?=
+DURATIONS := --durations=15 --durations-min=5
 
 # Tests marked `alone` (CPU-bound scale tests, such as 10,000 keep-alives in one process)
 # run after the rest, in one process, with the machine to themselves, and unmeasured:
 # coverage's tracing doubles their CPU and made asyncio renewals late.
 pytest: $(STAMP)
-	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --cov --cov-report= -m "not alone"; status=$$?; \
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(COVERAGE) $(DURATIONS) -m "not alone"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no tests: failing" >&2; exit 1; fi; \
-	$(BIN)/python -m pytest -m alone; alone=$$?; \
+	$(BIN)/python -m pytest $(DURATIONS) -m alone; alone=$$?; \
 	if [ $$alone -eq 5 ]; then echo "pytest ran no 'alone' tests: failing" >&2; exit 1; fi; \
-	$(BIN)/python -m coverage report --skip-covered --precision=1 || true; \
+	if [ -n "$(COVERAGE)" ]; then $(BIN)/python -m coverage report --skip-covered --precision=1 || true; fi; \
 	[ $$status -eq 0 ] && exit $$alone; exit $$status
+
+coverage: $(STAMP) redis-server valkey-server redis8-server nftables native
+	$(MAKE) pytest COVERAGE="--cov --cov-report="
 
 # Every supported Python. The whole suite runs in .venv, on PYTHON (python3 on PATH: 3.11 on these
 # machines, as on Debian 12, where the quick start runs); on each of OTHER_PYTHONS, the check lane and
