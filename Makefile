@@ -166,8 +166,9 @@ PYTEST_WORKERS ?= 3
 # `make test` runs unmeasured; `make coverage` runs the same tiers with branch coverage of the
 # package, measured in every worker and in the servers and workers the tests start
 # (pytest-cov, [tool.coverage.run] in pyproject.toml), combined and reported after the run.
-# Coverage's tracing costs the main tier about half its time again (5 min 15 s against
-# 3 min 35 s over tests/decorator, the doors' table and Huey's), which `make test`'s bound cannot spare.
+# Coverage's tracing costs the main tier a third to a half of its time again (over tests/decorator,
+# the doors' table and Huey's, two pairs: 5 min 12 s against 3 min 35 s, 5 min 7 s against 4 min 1 s),
+# which `make test`'s bound cannot spare.
 COVERAGE ?=
 DURATIONS := --durations=15 --durations-min=5
 
