@@ -599,7 +599,7 @@ def test_django_takes_a_valkey_url(redis_standalone: RedisProcess) -> None:
     """The Django setting's client as a valkey:// URL: valkey-py's clients (a blocking pool for ASGI)."""
     from goblin_claim.django import _url_clients
 
-    sync_class, async_class, async_pool = _url_clients(f"valkey://{HOST}:{redis_standalone.port}/0")
+    sync_class, async_class, async_pool = _url_clients(f"valkey://{HOST}:{redis_standalone.port}/0", "client")
     assert (sync_class, async_class, async_pool) == (
         valkey.Valkey,
         valkey.asyncio.Valkey,
