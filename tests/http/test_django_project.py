@@ -28,6 +28,7 @@ import pytest
 import redis
 
 from tests.conftest import IN_CI, unique
+from tests.http.test_django_paths import case
 from tests.support import servers
 from tests.support.asgi_server import ROOT, serve_gunicorn
 
@@ -55,13 +56,6 @@ def found(redis_standalone: servers.RedisProcess) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     findings: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return findings
-
-
-def case(found: dict[str, Any], name: str) -> dict[str, Any]:
-    """One case's findings; a case that raised fails the test with its traceback."""
-    got: dict[str, Any] = found[name]
-    assert "error" not in got, got.get("error")
-    return got
 
 
 def code(seen: dict[str, Any]) -> str:
