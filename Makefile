@@ -161,7 +161,10 @@ typecheck: $(STAMP)
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist), each starting servers of
 # its own; most of its time is spent waiting on leases, timeouts and servers, not on
 # the CPU (its tests' user time is under half its wall time with two), so three share two
-# cores, as `make check`'s do. The slowest tests are listed after each tier (--durations).
+# cores, as `make check`'s do. The longest tests start first (the `slow` ones, then those that start
+# servers or processes of their own: a rule in tests/conftest.py) and --maxschedchunk 4 hands tests out
+# a few at a time in that order, so the tier does not end waiting on a long one started late. The
+# slowest tests are listed after each tier (--durations).
 PYTEST_WORKERS ?= 3
 # `make test` runs unmeasured; `make coverage` runs the same tiers with branch coverage of the
 # package, measured in every worker and in the servers and workers the tests start
@@ -176,7 +179,7 @@ DURATIONS := --durations=15 --durations-min=5
 # run after the rest, in one process, with the machine to themselves, and unmeasured:
 # coverage's tracing doubles their CPU and made asyncio renewals late.
 pytest: $(STAMP)
-	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(COVERAGE) $(DURATIONS) -m "not alone"; status=$$?; \
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxschedchunk 4 $(COVERAGE) $(DURATIONS) -m "not alone"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no tests: failing" >&2; exit 1; fi; \
 	$(BIN)/python -m pytest $(DURATIONS) -m alone; alone=$$?; \
 	if [ $$alone -eq 5 ]; then echo "pytest ran no 'alone' tests: failing" >&2; exit 1; fi; \
@@ -189,7 +192,8 @@ coverage: $(STAMP) redis-server valkey-server redis8-server nftables native
 # Every supported Python. The whole suite runs in .venv, on PYTHON (python3 on PATH: 3.11 on these
 # machines, as on Debian 12, where the quick start runs); on each of OTHER_PYTHONS, the check lane and
 # the manual's samples run in a venv of that version's own (.venv-3.X), found as python3.X on PATH or
-# a pyenv build (tools/pythons.py). A missing interpreter is named and skipped; with CI set it fails.
+# a pyenv build (tools/pythons.py), the three side by side. A missing interpreter is named and
+# skipped; with CI set it fails.
 OTHER_PYTHONS ?= 3.10 3.12 3.13
 
 pythons: $(STAMP) redis-server native

@@ -679,11 +679,26 @@ def _in_check_lane(item: pytest.Item, starters: tuple[Any, ...]) -> bool:
     return not any(value is starter for value in names for starter in starters)
 
 
+def _start_order(item: pytest.Item, starters: tuple[Any, ...]) -> int:
+    """0 for a ``slow`` test, 1 for another test outside the check lane, 2 for the lane's own."""
+    if item.get_closest_marker("slow"):
+        return 0
+    return 2 if _in_check_lane(item, starters) else 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--lane=check``, deselect the tests outside the development lane (see above)."""
-    if config.getoption("lane") != "check":
-        return
+    """Under ``--lane=check``, deselect the tests outside the development lane (see above).
+
+    Otherwise the longest tests start first, so that the run does not end waiting on one:
+    the ``slow`` ones, then those that start servers or processes of their own (the tests
+    left out of the check lane), then the lane's quick ones, each group in collection order.
+    The Makefile's ``--maxschedchunk`` has pytest-xdist hand the tests out a few at a time,
+    in this order, rather than in long runs of consecutive tests per worker.
+    """
     starters = _process_starters()
+    if config.getoption("lane") != "check":
+        items.sort(key=lambda item: _start_order(item, starters))
+        return
     kept, dropped = [], []
     for item in items:
         (kept if _in_check_lane(item, starters) else dropped).append(item)
