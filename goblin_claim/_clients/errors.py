@@ -55,11 +55,14 @@ def translate(exc: BaseException, key: str, keys: str) -> ServerError:
             f"{type(exc).__name__}: {text}",
             key=key,
         )
-    if "WRONGTYPE" in text:
+    if "WRONGTYPE" in text or text.startswith(_NOT_A_STRING):
         return WrongTypeError(f"{keys} holds a value that is not a string: {text}", key=key)
     return ServerError(f"Redis refused a command on {keys}: {text}", key=key)
 
 
+# Redis 8.4's DELEX with a condition (the SDK's owner-checked release) on a key that holds no
+# string: what Redis 7.0's scripts, Valkey's DELIFEQ and every other command answer WRONGTYPE.
+_NOT_A_STRING = "Key should be of string type"
 # A cluster client that reached no node at all (redis-py and valkey-py say it so).
 _UNREACHABLE = "cannot be connected"
 # valkey-py's asyncio reader, closed under a read by another task (a cut connection

@@ -25,6 +25,7 @@ import redis.retry
 from redis.backoff import NoBackoff
 
 from goblin_claim import AsyncClaim, Claim, Claimed, ClaimLostError, ConnectionFailedError, WrongTypeError
+from goblin_claim._clients.errors import translate
 from goblin_claim._clients.transport import state_of
 from goblin_claim._protocol.scripts import (
     DEL_KEYS,
@@ -585,3 +586,17 @@ def test_set_ifeq_is_inferred_from_either_delete_and_commands_are_built_from_the
     assert owner_check_command(SET_IFEQ, ("c", "t", 30)) == ("SET", "c", "t", "IFEQ", "t", "EX", 30)
     assert owner_check_command(DELIFEQ, ("c", "t", "publish")) == ("DELIFEQ", "c", "t")
     assert owner_check_command(DELEX, ("c", "t")) == ("DELEX", "c", "IFEQ", "t")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "WRONGTYPE Operation against a key holding the wrong kind of value",  # scripts, DELIFEQ, SET IFEQ
+        "Key should be of string type if conditions are specified",  # Redis 8.4's DELEX ... IFEQ on a hash
+    ],
+)
+def test_an_owner_check_on_a_key_of_another_type_is_wrong_type_error(reply: str) -> None:
+    """Redis 8.4's DELEX words WRONGTYPE its own way; a release over a hash raises WrongTypeError on every server."""
+    error = translate(redis.ResponseError(reply), "k", "goblin:{k}")
+    assert type(error) is WrongTypeError
+    assert error.key == "k"
