@@ -443,6 +443,8 @@ class _Exchange:
             ) or kind == "http.response.pathsend":
                 if self._mode == "pass" and self._unstored is not None:
                     await self._finish_unstored()
+                elif self._mode == "pass":
+                    await self._give_back_first()
                 self.ended = True
             await self._forward(message)
             return
@@ -502,6 +504,12 @@ class _Exchange:
         marker = _http.unstored_payload(self._fp, self._start["status"], self._unstored)
         self._keeper._end()  # the key is settled by this write: nothing left to renew, nor to lose
         await to_the_end_async(mark(self._claim, marker))
+
+    async def _give_back_first(self) -> None:
+        """Give the key back before the last of a response not kept goes out: a client that saw it and retries runs."""
+        self._mode = "settled"
+        self._keeper._end()  # given back: nothing left to renew, nor to lose
+        await to_the_end_async(give_back(self._claim))
 
     async def _store_and_send(self) -> None:
         """Store the whole response, then send it: a client that saw it and retries gets the replay."""

@@ -32,6 +32,7 @@ answered ``409`` ``interrupted`` until ``ttl`` ends or it is forgotten.
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
@@ -213,8 +214,9 @@ class _Passing:
     """A passed-through response: the server iterates it; ``close()`` settles the key.
 
     Ended whole: an unstored response is marked (duplicates are told), a status not
-    kept gives the key back. Closed before its end (the client left), or broken by
-    the app: the key is given back for a status not kept, else kept closed.
+    kept gives the key back before its last chunk goes out (a client that saw it and
+    retries runs again). Closed before its end (the client left), or broken by the
+    app: the key is given back for a status not kept, else kept closed.
     """
 
     def __init__(
@@ -229,12 +231,31 @@ class _Passing:
         self._keep = keep
         self._ended = False
         self._settled = False
+        self._given = False
 
     def __iter__(self) -> Iterator[bytes]:
-        yield from self._held
-        self._held = []
-        yield from self._rest
+        held, self._held = self._held, []
+        if self._unstored is not None:
+            yield from held
+            yield from self._rest
+            self._ended = True
+            return
+        last: bytes | None = None
+        for chunk in itertools.chain(held, self._rest):
+            if last is not None:
+                yield last
+            last = chunk
         self._ended = True
+        self._give_back()
+        if last is not None:
+            yield last
+
+    def _give_back(self) -> None:
+        """A status not kept: the key given back, once."""
+        if not self._given:
+            self._given = True
+            self._keep.__exit__(None, None, None)
+            give_back(self._run._claim)
 
     def close(self) -> None:
         """Called by the server once it is done with the response, whole or not."""
@@ -247,7 +268,7 @@ class _Passing:
             self._keep.__exit__(None, None, None)
             claim, fp = self._run._claim, self._run._fp
             if self._unstored is None:
-                give_back(claim)
+                self._give_back()
             elif self._ended:
                 mark(claim, _http.unstored_payload(fp, self._run._status_code(), self._unstored))
             else:

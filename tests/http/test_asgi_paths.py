@@ -375,3 +375,23 @@ def test_an_app_failing_after_redis_went_away_raises_its_own_error(
             await serve(door(failing, client, lease=1))
 
     asyncio.run(scenario())
+
+
+def test_a_status_not_kept_gives_the_key_back_before_its_last_body_goes_out() -> None:
+    """A client that read the whole 503 and retries at once runs again: the key is free before the last body is sent."""
+    client = fake()
+    held: list[bool] = []
+
+    async def busy(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"busy, ", "more_body": True})
+        held.append(bool(await client.keys(f"{NS}:*")))
+        await send({"type": "http.response.body", "body": b"try again", "more_body": False})
+        held.append(bool(await client.keys(f"{NS}:*")))
+        await asyncio.sleep(0.05)  # work after the answer: the retry need not wait for it
+
+    reply = asyncio.run(serve(door(busy, client)))
+    assert (reply.status, reply.body) == (503, b"busy, try again")
+    assert "idempotent-stored" not in reply.headers
+    assert held == [True, False]

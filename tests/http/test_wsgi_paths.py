@@ -469,3 +469,22 @@ def test_an_app_failing_after_redis_went_away_raises_its_own_error(
     with pytest.raises(LookupError, match="order table"):
         serve(door(app, client, lease=1), environ())
     assert app.runs == 1
+
+
+def test_a_status_not_kept_gives_the_key_back_before_its_last_chunk_goes_out(redis_client: Any) -> None:
+    """A client that read the whole 503 and retries at once runs again: the key is free before the last chunk goes."""
+
+    def busy(env: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [b"busy, ", b"try again"]
+
+    app = Counted(busy)
+    middleware = door(app, redis_client)
+    statuses: list[str] = []
+    result = middleware(environ(), lambda status, headers, exc_info=None: statuses.append(status))
+    held = [(chunk, bool(redis_client.keys(f"{NS}:*"))) for chunk in result]
+    result.close()
+    assert statuses == ["503 Service Unavailable"]
+    assert held == [(b"busy, ", True), (b"try again", False)]
+    assert serve(middleware, environ()).code == 503
+    assert app.runs == 2
