@@ -441,10 +441,8 @@ class _Exchange:
             if (
                 kind == "http.response.body" and not message.get("more_body", False)
             ) or kind == "http.response.pathsend":
-                if self._mode == "pass" and self._unstored is not None:
-                    await self._finish_unstored()
-                elif self._mode == "pass":
-                    await self._give_back_first()
+                if self._mode == "pass":
+                    await self._settle_passed()
                 self.ended = True
             await self._forward(message)
             return
@@ -491,25 +489,25 @@ class _Exchange:
         await self._forward(start)
         if self._chunks or not more:
             if not more:
-                await self._finish_unstored()
+                await self._settle_passed()
             await self._forward({"type": "http.response.body", "body": b"".join(self._chunks), "more_body": more})
             self.ended = not more
         self._chunks = []
 
-    async def _finish_unstored(self) -> None:
-        """Mark the key before the last of an unstored response goes out: a client that saw it and retries is told."""
-        assert self._start is not None
-        assert self._unstored is not None
-        self._mode = "settled"
-        marker = _http.unstored_payload(self._fp, self._start["status"], self._unstored)
-        self._keeper._end()  # the key is settled by this write: nothing left to renew, nor to lose
-        await to_the_end_async(mark(self._claim, marker))
+    async def _settle_passed(self) -> None:
+        """Before the last of a passed-through response goes out, so a client that saw it and retries is told.
 
-    async def _give_back_first(self) -> None:
-        """Give the key back before the last of a response not kept goes out: a client that saw it and retries runs."""
+        An unstored response marks the key (duplicates get 422); a status not kept
+        gives it back (a retry runs). Either settles it: nothing left to renew, nor to lose.
+        """
+        assert self._start is not None
         self._mode = "settled"
-        self._keeper._end()  # given back: nothing left to renew, nor to lose
-        await to_the_end_async(give_back(self._claim))
+        self._keeper._end()
+        if self._unstored is None:
+            await to_the_end_async(give_back(self._claim))
+            return
+        marker = _http.unstored_payload(self._fp, self._start["status"], self._unstored)
+        await to_the_end_async(mark(self._claim, marker))
 
     async def _store_and_send(self) -> None:
         """Store the whole response, then send it: a client that saw it and retries gets the replay."""

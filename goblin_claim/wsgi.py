@@ -211,12 +211,13 @@ class _Run:
 
 
 class _Passing:
-    """A passed-through response: the server iterates it; ``close()`` settles the key.
+    """A passed-through response: the server iterates it; the key is settled once.
 
-    Ended whole: an unstored response is marked (duplicates are told), a status not
-    kept gives the key back before its last chunk goes out (a client that saw it and
-    retries runs again). Closed before its end (the client left), or broken by the
-    app: the key is given back for a status not kept, else kept closed.
+    Ended whole, the key is settled before the last chunk goes out, so a client that
+    saw it all and retries is told (an unstored response is marked: duplicates get
+    422) or runs again (a status not kept gives the key back). Closed before its end
+    (the client left), or broken by the app: ``close()`` gives the key back for a
+    status not kept, else keeps it closed.
     """
 
     def __init__(
@@ -231,48 +232,43 @@ class _Passing:
         self._keep = keep
         self._ended = False
         self._settled = False
-        self._given = False
+        self._closed = False
 
     def __iter__(self) -> Iterator[bytes]:
         held, self._held = self._held, []
-        if self._unstored is not None:
-            yield from held
-            yield from self._rest
-            self._ended = True
-            return
         last: bytes | None = None
-        for chunk in itertools.chain(held, self._rest):
+        for chunk in itertools.chain(held, self._rest):  # one chunk ahead: the last is known before it goes
             if last is not None:
                 yield last
             last = chunk
         self._ended = True
-        self._give_back()
+        self._settle()
         if last is not None:
             yield last
 
-    def _give_back(self) -> None:
-        """A status not kept: the key given back, once."""
-        if not self._given:
-            self._given = True
-            self._keep.__exit__(None, None, None)
-            give_back(self._run._claim)
-
-    def close(self) -> None:
-        """Called by the server once it is done with the response, whole or not."""
+    def _settle(self) -> None:
+        """Give the key back (a status not kept), mark it (ended whole) or keep it closed (cut short): once."""
         if self._settled:
             return
         self._settled = True
+        self._keep.__exit__(None, None, None)
+        claim, fp = self._run._claim, self._run._fp
+        if self._unstored is None:
+            give_back(claim)
+        elif self._ended:
+            mark(claim, _http.unstored_payload(fp, self._run._status_code(), self._unstored))
+        else:
+            abandon(claim, fp, "the response was not sent whole (the client left, or the app failed mid-stream)")
+
+    def close(self) -> None:
+        """Called by the server once it is done with the response, whole or not."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             _close(self._result)
         finally:
-            self._keep.__exit__(None, None, None)
-            claim, fp = self._run._claim, self._run._fp
-            if self._unstored is None:
-                self._give_back()
-            elif self._ended:
-                mark(claim, _http.unstored_payload(fp, self._run._status_code(), self._unstored))
-            else:
-                abandon(claim, fp, "the response was not sent whole (the client left, or the app failed mid-stream)")
+            self._settle()
 
 
 # --------------------------------------------------------------------------- small pieces

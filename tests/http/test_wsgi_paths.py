@@ -488,3 +488,22 @@ def test_a_status_not_kept_gives_the_key_back_before_its_last_chunk_goes_out(red
     assert held == [(b"busy, ", True), (b"try again", False)]
     assert serve(middleware, environ()).code == 503
     assert app.runs == 2
+
+
+def test_an_unstored_response_marks_the_key_before_its_last_chunk_goes_out(redis_client: Any) -> None:
+    """A client that read a whole response passed through unkept and retries at once is told 422, not 409."""
+
+    def large(env: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"a" * 40, b"b" * 40]
+
+    app = Counted(large)
+    middleware = door(app, redis_client, max_response_bytes=50)
+    result = middleware(environ(), lambda status, headers, exc_info=None: None)
+    records = [(chunk, [redis_client.get(k) or b"" for k in redis_client.keys(f"{NS}:*")]) for chunk in result]
+    result.close()
+    assert [chunk for chunk, _ in records] == [b"a" * 40, b"b" * 40]
+    assert not records[0][1][0].startswith(b"done ")  # still the claim while the body goes out
+    assert records[1][1][0].startswith(b"done ")  # marked before the last chunk
+    assert serve(middleware, environ()).code == 422
+    assert app.runs == 1
