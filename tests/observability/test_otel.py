@@ -210,7 +210,9 @@ def test_gauges_count_live_keep_alives_and_waiters(client: redis.Redis, otel: Te
     waiter = threading.Thread(target=lambda: Claim(client, waited).wait(timeout=10))
     with held.keep_alive():
         waiter.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10  # until the waiter's thread is inside wait()
+        while [p.value for p in otel.points("goblin_claim.waiters")] != [1] and time.monotonic() < deadline:
+            time.sleep(0.02)
         keepers = [p.value for p in otel.points("goblin_claim.keep_alives")]
         waiters = [p.value for p in otel.points("goblin_claim.waiters")]
         owner.complete(b"v")
