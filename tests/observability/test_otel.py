@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 
 import goblin_claim.otel
 from goblin_claim import AsyncClaim, Claim, Claimed, Completed, ConnectionFailedError, _events, idempotent
+from tests.claim.test_wakeup import SlowPollingClaim
 from tests.conftest import unique, until, until_async, wait_past_subscription
 from tests.observability.conftest import Telemetry, start_telemetry
 from tests.support.servers import HOST, RedisProcess, free_port
@@ -171,12 +172,14 @@ def test_span_events_for_takeover_wakeup_reload_and_lost_lease(client: redis.Red
     Claim(client, lapsed, lease=1).acquire()
     assert isinstance(Claim(client, lapsed).wait(timeout=10), Claimed)
 
-    # A poll may land between the store and its announcement on a loaded machine: up to three waits, one pushed.
+    # The waiter polls every 5 s, so only the announcement wakes it soon; should the store land
+    # before its first look (its thread scheduled late), it never sleeps: up to three waits, one pushed.
     for attempt in range(3):
         key = f"{woken}-{attempt}"
         owner = Claim(client, key)
         owner.acquire()
-        assert isinstance(wait_past_subscription(client, Claim(client, key), partial(owner.complete, b"v")), Completed)
+        waiter = SlowPollingClaim(client, key)
+        assert isinstance(wait_past_subscription(client, waiter, partial(owner.complete, b"v")), Completed)
         if _pushed(otel):
             break
 
