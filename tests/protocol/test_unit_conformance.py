@@ -424,12 +424,17 @@ def _arrange(target: Impl, roles: dict[str, str], op: tuple[Any, ...]) -> None:
         target.hash(roles[op[1]])
 
 
-def _looks_agree(seen: Look, reference: Look) -> bool:
+def _looks_agree(seen: Look, reference: Look, stalled_ms: float = 0.0) -> bool:
+    """Two keys alike: type and value, and TTLs within 2 s (plus ``stalled_ms``).
+
+    ``stalled_ms``: how long the steps that set and read the TTLs took, as a loaded
+    machine can stop a test between one look and the next.
+    """
     if seen.type != reference.type or not values_agree(seen.value, reference.value):
         return False
     if seen.ttl_ms < 0 or reference.ttl_ms < 0:
         return seen.ttl_ms == reference.ttl_ms
-    return abs(seen.ttl_ms - reference.ttl_ms) <= 2000
+    return abs(seen.ttl_ms - reference.ttl_ms) <= 2000 + stalled_ms
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -439,6 +444,7 @@ def test_the_scripts_agree_with_the_model(impl: Impl, case: str) -> None:
     handle = _handle(unique("unit"), spec.options)
     roles = _roles(handle)
     model = Impl("model")
+    began = time.monotonic()
     for op in spec.setup:
         for target in (impl, model):
             _arrange(target, roles, op)
@@ -448,9 +454,11 @@ def test_the_scripts_agree_with_the_model(impl: Impl, case: str) -> None:
     assert matches(spec.expected, reply), (impl.name, reply)
     assert replies_agree(reply, expected), (impl.name, reply, expected)
     keys = list(roles.values())
-    for key, seen, reference in zip(keys, impl.look(keys), model.look(keys), strict=True):
-        assert _looks_agree(seen, reference), (impl.name, key, seen, reference)
+    seen_looks, reference_looks = impl.look(keys), model.look(keys)
     looks = dict(zip(roles, impl.look(keys), strict=True))
+    stalled_ms = (time.monotonic() - began) * 1000  # the TTLs were set and read within this
+    for key, seen, reference in zip(keys, seen_looks, reference_looks, strict=True):
+        assert _looks_agree(seen, reference, stalled_ms), (impl.name, key, seen, reference)
     for role, value, ttl in spec.after:
         look = looks[role]
         if value is None:
@@ -458,4 +466,4 @@ def test_the_scripts_agree_with_the_model(impl: Impl, case: str) -> None:
             continue
         assert matches(value, look.value), (role, look)
         assert ttl is not None
-        assert abs(look.ttl_ms - ttl * 1000) <= 2000, (role, look)
+        assert abs(look.ttl_ms - ttl * 1000) <= 2000 + stalled_ms, (role, look)
